@@ -1,0 +1,139 @@
+//! The fixed window: a counter per window of any length, reset when the window ends.
+//!
+//! Windows are either aligned to the clock (every key's minute starts on the minute; a daily
+//! window can start at a chosen local midnight through a UTC offset) or start at a key's first
+//! request. Both let up to twice the limit through across a window boundary: that is the price
+//! of one counter per key, and the reason the sliding algorithms exist.
+
+use std::time::Duration;
+
+use crate::policy::{nonzero_nanos, PolicyError};
+use crate::{Decision, Timestamp};
+
+/// Where fixed windows begin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Alignment {
+    /// Windows start at multiples of the window length after the Unix epoch, shifted so that they
+    /// begin at local midnight (or the local top of the hour) for a zone `utc_offset_secs` east of
+    /// UTC. An offset of 0 aligns on UTC.
+    Clock {
+        /// The zone's offset from UTC in seconds, positive east: `10800` for UTC+3.
+        utc_offset_secs: i32,
+    },
+    /// Each key's window starts with its first request and lasts one window length.
+    FirstRequest,
+}
+
+/// Fixed window parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FixedWindow {
+    limit: u64,
+    window: u64,
+    alignment: Alignment,
+    /// For clock alignment: how far a window start lies after a multiple of the window length
+    /// since the epoch, in `[0, window)`.
+    shift: u64,
+}
+
+/// The state of one fixed-window counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FixedWindowState {
+    /// When the counted window began.
+    pub start: Timestamp,
+    /// Units admitted in that window.
+    pub count: u64,
+}
+
+impl FixedWindow {
+    /// Up to `limit` units per `window`, with windows placed by `alignment`.
+    pub fn new(limit: u64, window: Duration, alignment: Alignment) -> Result<Self, PolicyError> {
+        let window = nonzero_nanos(window, "window")?;
+        let shift = match alignment {
+            Alignment::Clock { utc_offset_secs } => {
+                // A zone east of UTC reaches midnight earlier, so its windows start
+                // `offset` before the UTC-aligned ones.
+                let offset = i128::from(utc_offset_secs) * 1_000_000_000;
+                u64::try_from((-offset).rem_euclid(i128::from(window))).unwrap_or(0)
+            }
+            Alignment::FirstRequest => 0,
+        };
+        Ok(FixedWindow {
+            limit,
+            window,
+            alignment,
+            shift,
+        })
+    }
+
+    /// The most units per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window length.
+    pub fn window(&self) -> Duration {
+        Duration::from_nanos(self.window)
+    }
+
+    /// Where windows begin.
+    pub fn alignment(&self) -> Alignment {
+        self.alignment
+    }
+
+    /// The start of the window that `now` falls in, for a key whose last window began at `last`.
+    pub fn window_start(&self, last: Timestamp, now: Timestamp) -> Timestamp {
+        let now_n = now.as_nanos();
+        match self.alignment {
+            Alignment::Clock { .. } => {
+                let Some(since) = now_n.checked_sub(self.shift) else {
+                    return Timestamp::EPOCH;
+                };
+                Timestamp::from_nanos(since - since % self.window + self.shift)
+            }
+            Alignment::FirstRequest => {
+                let last_n = last.as_nanos();
+                if last_n != 0 && now_n < last_n.saturating_add(self.window) {
+                    last
+                } else {
+                    now
+                }
+            }
+        }
+    }
+
+    /// Decides a request of `cost` against `state` at `now`. Returns the new state, which the
+    /// caller stores only if the decision admits the request. A fresh key's state is the default.
+    ///
+    /// A cost of 0 asks whether one more request would pass, and consumes nothing.
+    pub fn decide(
+        &self,
+        state: FixedWindowState,
+        now: Timestamp,
+        cost: u64,
+    ) -> (FixedWindowState, Decision) {
+        let start = self.window_start(state.start, now);
+        // A clock that stepped back into an earlier window keeps counting the later one.
+        let current = if start <= state.start && state.count > 0 {
+            state
+        } else {
+            FixedWindowState { start, count: 0 }
+        };
+        let end = current.start.as_nanos().saturating_add(self.window);
+        let to_end = Duration::from_nanos(end.saturating_sub(now.as_nanos()));
+        let remaining = self.limit.saturating_sub(current.count);
+        let need = cost.max(1);
+        if need > self.limit {
+            return (current, Decision::deny(self.limit, remaining, to_end, Decision::NEVER));
+        }
+        if need > remaining {
+            return (current, Decision::deny(self.limit, remaining, to_end, to_end));
+        }
+        let after = FixedWindowState {
+            start: current.start,
+            count: current.count + cost,
+        };
+        let reset = if after.count == 0 { Duration::ZERO } else { to_end };
+        (after, Decision::allow(self.limit, remaining - cost, reset))
+    }
+}
+

@@ -1,0 +1,81 @@
+//! The leaky bucket as a meter: the generic cell rate algorithm (GCRA).
+//!
+//! The state is one timestamp, the theoretical arrival time (TAT) of the next request if traffic
+//! flowed exactly at the rate. A request conforms when admitting it would not push the TAT more
+//! than `burst` emission intervals past now. This is the virtual-scheduling form of ITU-T I.371,
+//! with the tolerance `τ = (burst - 1)·T`, and what nginx `limit_req` implements.
+
+use std::time::Duration;
+
+use crate::policy::{PolicyError, Rate};
+use crate::{Decision, Timestamp};
+
+/// GCRA parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gcra {
+    rate: Rate,
+    burst: u64,
+    /// `T`, the emission interval in nanoseconds, precomputed from the rate.
+    interval: u64,
+}
+
+impl Gcra {
+    /// Requests conform at `rate`, with up to `burst` of them back to back. A burst of 0 blocks
+    /// every request; otherwise the rate must be more than zero.
+    pub fn new(rate: Rate, burst: u64) -> Result<Self, PolicyError> {
+        if burst > 0 && rate.amount() == 0 {
+            return Err(PolicyError::ZeroRate { limit: burst });
+        }
+        Ok(Gcra {
+            rate,
+            burst,
+            interval: rate.interval_nanos(),
+        })
+    }
+
+    /// The rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// How many requests may arrive back to back.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The emission interval `T`: the time one request's worth of capacity takes to come back.
+    pub fn emission_interval(&self) -> Duration {
+        Duration::from_nanos(self.interval)
+    }
+
+    /// Decides a request of `cost` against the theoretical arrival time `tat` at `now`. Returns
+    /// the new TAT, which the caller stores only if the decision admits the request. A fresh key
+    /// has a TAT of [`Timestamp::EPOCH`] (anything not after `now`).
+    ///
+    /// A cost of 0 asks whether one more request would pass, and consumes nothing.
+    pub fn decide(&self, tat: Timestamp, now: Timestamp, cost: u64) -> (Timestamp, Decision) {
+        let now_n = now.as_nanos();
+        let tat_n = tat.as_nanos().max(now_n);
+        let horizon = self.burst.saturating_mul(self.interval);
+        let backlog = tat_n - now_n;
+        let need = cost.max(1);
+        let reset = Duration::from_nanos(backlog);
+        let free = |backlog: u64| horizon.saturating_sub(backlog) / self.interval;
+        if need > self.burst {
+            return (tat, Decision::deny(self.burst, free(backlog), reset, Decision::NEVER));
+        }
+        let wanted = backlog.saturating_add(need.saturating_mul(self.interval));
+        if wanted > horizon {
+            let retry = Duration::from_nanos(wanted - horizon);
+            return (tat, Decision::deny(self.burst, free(backlog), reset, retry));
+        }
+        let new_backlog = backlog + cost * self.interval;
+        let new_tat = Timestamp::from_nanos(now_n + new_backlog);
+        let decision = Decision::allow(
+            self.burst,
+            free(new_backlog),
+            Duration::from_nanos(new_backlog),
+        );
+        (new_tat, decision)
+    }
+}

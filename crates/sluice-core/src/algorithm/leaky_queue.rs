@@ -1,0 +1,105 @@
+//! The leaky bucket as a queue (a shaper): requests leave at a steady rate, and those that arrive
+//! faster wait in a bounded queue instead of being rejected.
+//!
+//! The state is the time the next free slot opens. A request is released at that slot, so its
+//! delay is how far the slot lies in the future. It is rejected when it would wait longer than
+//! the maximum wait, or find more than `queue_size` requests ahead of it, as nginx's `burst`
+//! without `nodelay` does.
+
+use std::time::Duration;
+
+use crate::clock::duration_nanos;
+use crate::policy::{PolicyError, Rate};
+use crate::{Decision, Timestamp};
+
+/// Queue parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeakyQueue {
+    rate: Rate,
+    queue_size: u64,
+    max_wait: Duration,
+    /// The time between two releases, in nanoseconds.
+    interval: u64,
+}
+
+impl LeakyQueue {
+    /// Releases requests at `rate`, holding at most `queue_size` waiting ones, none longer than
+    /// `max_wait`. A rate of 0 blocks every request.
+    pub fn new(rate: Rate, queue_size: u64, max_wait: Duration) -> Result<Self, PolicyError> {
+        Ok(LeakyQueue {
+            rate,
+            queue_size,
+            max_wait,
+            interval: rate.interval_nanos(),
+        })
+    }
+
+    /// The release rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// How many requests may wait.
+    pub fn queue_size(&self) -> u64 {
+        self.queue_size
+    }
+
+    /// How many requests the shaper accepts at once: one released now plus `queue_size` waiting.
+    /// This is the limit advertised in headers.
+    pub fn capacity(&self) -> u64 {
+        self.queue_size.saturating_add(1)
+    }
+
+    /// The longest a request may wait.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// The longest delay a request of `need` units may be given: bounded by the maximum wait and
+    /// by the queue positions in front of its last unit.
+    fn admissible_delay(&self, need: u64) -> u64 {
+        let by_queue = (self.capacity() - need).saturating_mul(self.interval);
+        by_queue.min(duration_nanos(self.max_wait))
+    }
+
+    /// Decides a request of `cost` against the next free slot `next` at `now`. Returns the new
+    /// next free slot, which the caller stores only if the decision admits the request. An
+    /// admitted decision carries the delay before the request is released.
+    ///
+    /// A cost of 0 asks whether one more request would be queued, and consumes nothing.
+    pub fn decide(&self, next: Timestamp, now: Timestamp, cost: u64) -> (Timestamp, Decision) {
+        let limit = self.capacity();
+        let now_n = now.as_nanos();
+        let start = next.as_nanos().max(now_n);
+        let delay = start - now_n;
+        let reset = Duration::from_nanos(delay);
+        let max_wait = duration_nanos(self.max_wait);
+        // How many more single requests would be accepted behind a backlog of this length.
+        let free = |backlog: u64| {
+            let by_queue = limit.saturating_sub(backlog.div_ceil(self.interval));
+            let by_wait = match max_wait.checked_sub(backlog) {
+                Some(slack) => slack / self.interval + 1,
+                None => 0,
+            };
+            by_queue.min(by_wait)
+        };
+        let need = cost.max(1);
+        if self.rate.amount() == 0 || need > limit {
+            return (next, Decision::deny(limit, free(delay), reset, Decision::NEVER));
+        }
+        let bound = self.admissible_delay(need);
+        if delay > bound {
+            let retry = Duration::from_nanos(delay - bound);
+            return (next, Decision::deny(limit, free(delay), reset, retry));
+        }
+        let new_next = start.saturating_add(cost.saturating_mul(self.interval));
+        let backlog = new_next - now_n;
+        let mut decision = Decision::allow(
+            limit,
+            free(backlog),
+            Duration::from_nanos(backlog),
+        );
+        decision.delay = Duration::from_nanos(delay);
+        (Timestamp::from_nanos(new_next), decision)
+    }
+}

@@ -1,0 +1,18 @@
+//! The six algorithms, each a pure function of `(state, now, policy, cost)`.
+//!
+//! None of them reads a clock, allocates on the common path, or panics on any input: a clock
+//! that steps backwards is treated as no time passing, and arithmetic saturates.
+
+mod fixed_window;
+mod gcra;
+mod leaky_queue;
+mod sliding_counter;
+mod sliding_log;
+mod token_bucket;
+
+pub use fixed_window::{Alignment, FixedWindow, FixedWindowState};
+pub use gcra::Gcra;
+pub use leaky_queue::LeakyQueue;
+pub use sliding_counter::{SlidingCounter, SlidingCounterState};
+pub use sliding_log::{SlidingLog, SlidingLogState};
+pub use token_bucket::{TokenBucket, TokenBucketState};

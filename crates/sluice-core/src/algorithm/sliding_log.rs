@@ -1,0 +1,133 @@
+//! The sliding window log: the exact algorithm. It remembers when each admitted request arrived
+//! and admits a new one only if fewer than `limit` units arrived in the last window.
+//!
+//! Only admitted requests are logged (a rejected one would otherwise keep its sender locked out),
+//! and requests that arrive at the same instant share one entry, so a log never holds more than
+//! `limit` entries: its memory is bounded by the limit.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::policy::{nonzero_nanos, Algorithm, PolicyError};
+use crate::{Decision, Timestamp};
+
+/// Sliding log parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlidingLog {
+    limit: u64,
+    window: u64,
+}
+
+/// One key's log: `(arrival, units)` pairs, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SlidingLogState {
+    entries: VecDeque<(Timestamp, u64)>,
+}
+
+impl SlidingLog {
+    /// The largest limit a log takes. Each admitted request may cost an entry of 16 bytes, so a
+    /// larger limit is better served by the sliding counter, which is constant-size.
+    pub const MAX_LIMIT: u64 = 1_000_000;
+
+    /// Up to `limit` units in any window of length `window`.
+    pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
+        let window = nonzero_nanos(window, "window")?;
+        if limit > Self::MAX_LIMIT {
+            return Err(PolicyError::LimitTooLarge {
+                algorithm: Algorithm::SlidingLog,
+                limit,
+                max: Self::MAX_LIMIT,
+                hint: "use sliding_counter, whose memory does not grow with the limit",
+            });
+        }
+        Ok(SlidingLog { limit, window })
+    }
+
+    /// The most units in any window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window length.
+    pub fn window(&self) -> Duration {
+        Duration::from_nanos(self.window)
+    }
+
+    /// Whether an entry that arrived at `at` still counts at `now`.
+    fn live(&self, at: Timestamp, now: Timestamp) -> bool {
+        at.as_nanos().saturating_add(self.window) > now.as_nanos()
+    }
+
+    /// Time from `now` until the entry that arrived at `at` stops counting.
+    fn expiry(&self, at: Timestamp, now: Timestamp) -> Duration {
+        let end = at.as_nanos().saturating_add(self.window);
+        Duration::from_nanos(end.saturating_sub(now.as_nanos()))
+    }
+
+    /// Decides a request of `cost` against `state` at `now`, without changing it. Call
+    /// [`SlidingLog::record`] to admit it when the decision allows.
+    ///
+    /// A cost of 0 asks whether one more request would pass.
+    pub fn decide(&self, state: &SlidingLogState, now: Timestamp, cost: u64) -> Decision {
+        let live = state.entries.iter().filter(|(at, _)| self.live(*at, now));
+        let used: u64 = live.clone().map(|(_, n)| n).sum();
+        let remaining = self.limit.saturating_sub(used);
+        let need = cost.max(1);
+        let last_expiry = |extra: bool| match state.entries.back() {
+            _ if extra => self.window(),
+            Some((at, _)) if self.live(*at, now) => self.expiry(*at, now),
+            _ => Duration::ZERO,
+        };
+        if need > self.limit {
+            return Decision::deny(self.limit, remaining, last_expiry(false), Decision::NEVER);
+        }
+        if need <= remaining {
+            return Decision::allow(self.limit, remaining - cost, last_expiry(cost > 0));
+        }
+        // Wait until enough of the oldest entries expire to make room.
+        let mut freed = 0;
+        let mut retry = Duration::ZERO;
+        for (at, units) in live {
+            freed += units;
+            retry = self.expiry(*at, now);
+            if remaining + freed >= need {
+                break;
+            }
+        }
+        Decision::deny(self.limit, remaining, last_expiry(false), retry)
+    }
+
+    /// Records an admitted request of `cost` at `now`, dropping entries that no longer count.
+    pub fn record(&self, state: &mut SlidingLogState, now: Timestamp, cost: u64) {
+        self.forget_expired(state, now);
+        if cost == 0 {
+            return;
+        }
+        match state.entries.back_mut() {
+            Some((at, units)) if *at >= now => *units += cost,
+            _ => state.entries.push_back((now, cost)),
+        }
+    }
+
+    /// Drops entries that no longer count at `now`.
+    pub fn forget_expired(&self, state: &mut SlidingLogState, now: Timestamp) {
+        while let Some((at, _)) = state.entries.front() {
+            if self.live(*at, now) {
+                break;
+            }
+            state.entries.pop_front();
+        }
+    }
+}
+
+impl SlidingLogState {
+    /// How many entries the log holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the log holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}

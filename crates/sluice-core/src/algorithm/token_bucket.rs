@@ -1,0 +1,114 @@
+//! The token bucket: `capacity` tokens, refilled continuously at a rate; a request takes `cost`.
+
+use std::time::Duration;
+
+use crate::arith::{mul_div_ceil, mul_div_floor};
+use crate::policy::{PolicyError, Rate};
+use crate::{Decision, Timestamp};
+
+/// Token bucket parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenBucket {
+    capacity: u64,
+    refill: Rate,
+}
+
+/// The state of one bucket: whole tokens, and when the refill was last accounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Whole tokens in the bucket at `last`.
+    pub tokens: u64,
+    /// When `tokens` was last brought up to date. A fraction of a token earned since then is kept
+    /// by not moving `last` past the time the whole tokens took to earn.
+    pub last: Timestamp,
+}
+
+impl TokenBucket {
+    /// A bucket holding up to `capacity` tokens, refilled at `refill`. A capacity of 0 blocks every
+    /// request; otherwise the refill must be more than zero.
+    pub fn new(capacity: u64, refill: Rate) -> Result<Self, PolicyError> {
+        if capacity > 0 && refill.amount() == 0 {
+            return Err(PolicyError::ZeroRate { limit: capacity });
+        }
+        Ok(TokenBucket { capacity, refill })
+    }
+
+    /// The most tokens the bucket holds.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The refill rate.
+    pub fn rate(&self) -> Rate {
+        self.refill
+    }
+
+    /// A full bucket at `now`: the state of a key never seen.
+    pub fn initial(&self, now: Timestamp) -> TokenBucketState {
+        TokenBucketState {
+            tokens: self.capacity,
+            last: now,
+        }
+    }
+
+    /// The bucket brought up to `now`, with the tokens earned since `last`.
+    fn refill(&self, s: TokenBucketState, now: Timestamp) -> TokenBucketState {
+        let elapsed = now.as_nanos().saturating_sub(s.last.as_nanos());
+        let per = self.refill.per_nanos();
+        let earned = mul_div_floor(elapsed, self.refill.amount(), per);
+        let tokens = s.tokens.saturating_add(earned);
+        if tokens >= self.capacity {
+            return self.initial(now);
+        }
+        // Move `last` only by the time the whole tokens took, so the fraction carries over;
+        // rounding up never credits a token early.
+        let spent = mul_div_ceil(earned, per, self.refill.amount().max(1));
+        TokenBucketState {
+            tokens,
+            last: Timestamp::from_nanos(s.last.as_nanos().saturating_add(spent)),
+        }
+    }
+
+    /// Time from `now` until the bucket (at `s`, already refilled) holds `want` tokens.
+    fn time_until(&self, s: TokenBucketState, now: Timestamp, want: u64) -> Duration {
+        if s.tokens >= want {
+            return Duration::ZERO;
+        }
+        let wait = mul_div_ceil(
+            want - s.tokens,
+            self.refill.per_nanos(),
+            self.refill.amount().max(1),
+        );
+        let at = s.last.as_nanos().saturating_add(wait);
+        Duration::from_nanos(at.saturating_sub(now.as_nanos()))
+    }
+
+    /// Decides a request of `cost` against `state` at `now`. Returns the new state, which the
+    /// caller stores only if the decision admits the request.
+    ///
+    /// A cost of 0 asks whether one more request would pass, and consumes nothing.
+    pub fn decide(
+        &self,
+        state: TokenBucketState,
+        now: Timestamp,
+        cost: u64,
+    ) -> (TokenBucketState, Decision) {
+        let s = self.refill(state, now);
+        let need = cost.max(1);
+        if need > self.capacity {
+            let reset = self.time_until(s, now, self.capacity);
+            return (s, Decision::deny(self.capacity, s.tokens, reset, Decision::NEVER));
+        }
+        if s.tokens < need {
+            let reset = self.time_until(s, now, self.capacity);
+            let retry = self.time_until(s, now, need);
+            return (s, Decision::deny(self.capacity, s.tokens, reset, retry));
+        }
+        let after = TokenBucketState {
+            tokens: s.tokens - cost,
+            last: s.last,
+        };
+        let reset = self.time_until(after, now, self.capacity);
+        (after, Decision::allow(self.capacity, after.tokens, reset))
+    }
+}

@@ -1,0 +1,392 @@
+//! The in-memory store: the default, for one instance.
+//!
+//! Counters live in a fixed number of shards, each a mutex around a hash map, so threads working
+//! on different keys rarely meet. A check of several keys locks their shards in ascending order,
+//! which rules out deadlock, and decides every check before it changes anything, which makes it
+//! all-or-nothing. See `docs/memory-store.md` for the layout, expiry and eviction.
+
+mod fingerprint;
+mod shard;
+mod state;
+
+use std::sync::{Mutex, MutexGuard};
+
+use fingerprint::{Fingerprint, Fingerprinter};
+use shard::{Entry, Shard};
+use state::{Update, apply, decide};
+
+use crate::{Check, Clock, Decision, Policy, Store, StoreResult, SystemClock, Timestamp};
+
+/// The default hard limit on tracked keys: about 100 MB of counters.
+pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
+
+/// A shard on its own cache lines, so that threads on neighbouring shards do not contend.
+#[repr(align(128))]
+#[derive(Debug)]
+struct PaddedShard(Mutex<Shard>);
+
+/// Counters in this process's memory. Cheap to share behind an `Arc`.
+///
+/// ```
+/// use sluice_core::{Check, FakeClock, MemoryStore, Policy, Rate, Store, Timestamp, TokenBucket};
+///
+/// # tokio_test_block_on(async {
+/// let clock = FakeClock::at(Timestamp::from_secs(1_000));
+/// let store = MemoryStore::builder().clock(clock.clone()).build();
+/// let policy = Policy::from(TokenBucket::new(2, Rate::per_second(1)).unwrap());
+/// let check = [Check::new("user:42", &policy, 1)];
+/// assert!(store.check(&check).await.unwrap()[0].allowed);
+/// assert!(store.check(&check).await.unwrap()[0].allowed);
+/// assert!(!store.check(&check).await.unwrap()[0].allowed);
+/// clock.advance(std::time::Duration::from_secs(1));
+/// assert!(store.check(&check).await.unwrap()[0].allowed);
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct MemoryStore<C: Clock = SystemClock> {
+    shards: Box<[PaddedShard]>,
+    /// `shards.len() - 1`; the shard count is a power of two.
+    shard_mask: usize,
+    fingerprints: Fingerprinter,
+    clock: C,
+    /// Expiry times are stored as whole seconds after this instant, to keep entries small.
+    base: Timestamp,
+    max_keys: usize,
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemoryStoreBuilder<C: Clock = SystemClock> {
+    clock: C,
+    max_keys: usize,
+    shards: usize,
+}
+
+impl MemoryStore<SystemClock> {
+    /// A store on the system clock with the default key limit.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configure a store.
+    pub fn builder() -> MemoryStoreBuilder<SystemClock> {
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        MemoryStoreBuilder {
+            clock: SystemClock::new(),
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: (threads * 16).next_power_of_two().clamp(16, 1024),
+        }
+    }
+}
+
+impl Default for MemoryStore<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> MemoryStoreBuilder<C> {
+    /// The clock the store reads once per call. Tests pass a [`crate::FakeClock`].
+    pub fn clock<D: Clock>(self, clock: D) -> MemoryStoreBuilder<D> {
+        MemoryStoreBuilder {
+            clock,
+            max_keys: self.max_keys,
+            shards: self.shards,
+        }
+    }
+
+    /// The hard limit on tracked keys. Each shard holds at most its share of it, so a flood of
+    /// distinct keys cannot grow memory past it.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// How many shards to spread keys over, rounded up to a power of two. More shards mean less
+    /// contention; each shard holds `max_keys / shards` keys at most.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.clamp(1, 1 << 16).next_power_of_two();
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore<C> {
+        let shards = self.shards.min(self.max_keys.next_power_of_two());
+        let per_shard = self.max_keys.div_ceil(shards);
+        MemoryStore {
+            shards: (0..shards)
+                .map(|_| PaddedShard(Mutex::new(Shard::new(per_shard))))
+                .collect(),
+            shard_mask: shards - 1,
+            fingerprints: Fingerprinter::random(),
+            base: self.clock.now(),
+            clock: self.clock,
+            max_keys: self.max_keys,
+        }
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The hard limit on tracked keys.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// How many counters are tracked, expired ones not yet swept included.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(&s.0).map.len()).sum()
+    }
+
+    /// Whether no counter is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired counter now. Stores sweep as they grow anyway; a server may also call
+    /// this periodically so that memory shrinks after a burst of keys.
+    pub fn sweep(&self) -> usize {
+        let now = self.secs(self.clock.now());
+        self.shards.iter().map(|s| lock(&s.0).sweep(now)).sum()
+    }
+
+    /// Decides one check: the same as [`Store::check`] with one element, without the future and
+    /// the vector, for callers in the same process.
+    pub fn check_one(&self, check: Check<'_>) -> StoreResult<Decision> {
+        let now = self.clock.now();
+        let fp = self.fingerprints.of(check.key);
+        let mut shard = lock(&self.shards[self.shard_of(fp)].0);
+        if let Some(entry) = shard.map.get_mut(&fp) {
+            let (update, d) = decide(check.policy, Some(&entry.state), now, check.cost);
+            if d.allowed && check.cost > 0 {
+                if let Some(fresh) = apply(check.policy, Some(&mut entry.state), update, now) {
+                    entry.state = fresh;
+                }
+                entry.expires = self.expiry(now, &d);
+            }
+            entry.limited = is_limited(&d);
+            return Ok(d);
+        }
+        let (update, d) = decide(check.policy, None, now, check.cost);
+        if d.allowed && check.cost > 0 {
+            shard.make_room(1, self.secs(now), self.max_keys)?;
+            if let Some(state) = apply(check.policy, None, update, now) {
+                let entry = Entry {
+                    expires: self.expiry(now, &d),
+                    limited: is_limited(&d),
+                    state,
+                };
+                shard.map.insert(fp, entry);
+            }
+        }
+        Ok(d)
+    }
+
+    /// Decides several checks atomically.
+    fn check_all(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
+        let now = self.clock.now();
+        let now_secs = self.secs(now);
+        let keys: Vec<(Fingerprint, usize)> = checks
+            .iter()
+            .map(|c| {
+                let fp = self.fingerprints.of(c.key);
+                (fp, self.shard_of(fp))
+            })
+            .collect();
+        // Lock every shard involved, in ascending order, so two multi-key checks never wait on
+        // each other in a cycle.
+        let mut order: Vec<usize> = keys.iter().map(|(_, s)| *s).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&s| lock(&self.shards[s].0)).collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
+
+        // Room for the keys this request would create, made before anything is decided, so
+        // that the commit below cannot fail halfway.
+        for (g, shard) in order.iter().enumerate() {
+            let mut new: Vec<Fingerprint> = Vec::new();
+            for (c, (fp, s)) in checks.iter().zip(&keys) {
+                if s == shard && c.cost > 0 && !guards[g].map.contains_key(fp) && !new.contains(fp)
+                {
+                    new.push(*fp);
+                }
+            }
+            if !new.is_empty() {
+                guards[g].make_room(new.len(), now_secs, self.max_keys)?;
+            }
+        }
+
+        // Decide every check against the state as it stands, or, for a key that appears more
+        // than once, against the state the earlier checks of this request would leave.
+        let mut decisions = Vec::with_capacity(checks.len());
+        let mut updates: Vec<Option<Update>> = Vec::with_capacity(checks.len());
+        let mut repeated: Vec<Repeated> = Vec::new();
+        for (i, (c, (fp, s))) in checks.iter().zip(&keys).enumerate() {
+            let stored = guards[guard_of(*s)].map.get(fp).map(|e| &e.state);
+            let appears_again = keys.iter().enumerate().any(|(j, (o, _))| j != i && o == fp);
+            if !appears_again {
+                let (update, d) = decide(c.policy, stored, now, c.cost);
+                updates.push((d.allowed && c.cost > 0).then_some(update));
+                decisions.push(d);
+                continue;
+            }
+            let slot = match repeated.iter().position(|r| r.fp == *fp) {
+                Some(p) => p,
+                None => {
+                    repeated.push(Repeated {
+                        fp: *fp,
+                        shard: *s,
+                        state: stored.cloned(),
+                        last: None,
+                    });
+                    repeated.len() - 1
+                }
+            };
+            let r = &mut repeated[slot];
+            let (update, d) = decide(c.policy, r.state.as_ref(), now, c.cost);
+            if d.allowed && c.cost > 0 {
+                if let Some(fresh) = apply(c.policy, r.state.as_mut(), update, now) {
+                    r.state = Some(fresh);
+                }
+                r.last = Some(d);
+            }
+            updates.push(None);
+            decisions.push(d);
+        }
+
+        if !decisions.iter().all(|d| d.allowed) {
+            // Nothing consumes; only remember which counters refused, for eviction.
+            for ((fp, s), d) in keys.iter().zip(&decisions) {
+                if let Some(entry) = guards[guard_of(*s)].map.get_mut(fp) {
+                    entry.limited |= !d.allowed;
+                }
+            }
+            return Ok(decisions);
+        }
+        for ((c, (fp, s)), (update, d)) in checks.iter().zip(&keys).zip(updates.into_iter().zip(&decisions)) {
+            if let Some(update) = update {
+                self.commit(&mut guards[guard_of(*s)], *fp, c.policy, update, now, d);
+            }
+        }
+        for r in repeated {
+            if let (Some(state), Some(d)) = (r.state, r.last) {
+                let entry = Entry {
+                    expires: self.expiry(now, &d),
+                    limited: is_limited(&d),
+                    state,
+                };
+                guards[guard_of(r.shard)].map.insert(r.fp, entry);
+            }
+        }
+        Ok(decisions)
+    }
+
+    /// Applies an admitted request's update to the key's entry, creating it if needed. Room was
+    /// made beforehand.
+    fn commit(
+        &self,
+        shard: &mut Shard,
+        fp: Fingerprint,
+        policy: &Policy,
+        update: Update,
+        now: Timestamp,
+        d: &Decision,
+    ) {
+        let expires = self.expiry(now, d);
+        let limited = is_limited(d);
+        match shard.map.get_mut(&fp) {
+            Some(entry) => {
+                if let Some(fresh) = apply(policy, Some(&mut entry.state), update, now) {
+                    entry.state = fresh;
+                }
+                entry.expires = expires;
+                entry.limited = limited;
+            }
+            None => {
+                if let Some(state) = apply(policy, None, update, now) {
+                    shard.map.insert(fp, Entry { expires, limited, state });
+                }
+            }
+        }
+    }
+
+    fn shard_of(&self, fp: Fingerprint) -> usize {
+        (fp.hi as usize) & self.shard_mask
+    }
+
+    /// `t` in whole seconds after the base time, rounded down.
+    fn secs(&self, t: Timestamp) -> u32 {
+        let secs = t.saturating_since(self.base).as_secs();
+        u32::try_from(secs).unwrap_or(u32::MAX)
+    }
+
+    /// When a counter left by decision `d` at `now` is full again, in stored form.
+    fn expiry(&self, now: Timestamp, d: &Decision) -> u32 {
+        let at = now.saturating_add(d.reset_after).saturating_since(self.base);
+        let secs = at.as_secs() + u64::from(at.subsec_nanos() > 0);
+        u32::try_from(secs).unwrap_or(u32::MAX)
+    }
+
+    fn peek_now(&self, key: &str, policy: &Policy) -> Decision {
+        let now = self.clock.now();
+        let fp = self.fingerprints.of(key);
+        let shard = lock(&self.shards[self.shard_of(fp)].0);
+        decide(policy, shard.map.get(&fp).map(|e| &e.state), now, 0).1
+    }
+
+    fn remove(&self, key: &str) -> bool {
+        let fp = self.fingerprints.of(key);
+        lock(&self.shards[self.shard_of(fp)].0).map.remove(&fp).is_some()
+    }
+}
+
+/// A key that appears more than once in one multi-key check: its state as the earlier checks of
+/// the request would leave it.
+struct Repeated {
+    fp: Fingerprint,
+    shard: usize,
+    state: Option<state::State>,
+    /// The last admitting decision on it, which describes the state to store.
+    last: Option<Decision>,
+}
+
+/// Whether a counter left by decision `d` counts as limited for eviction.
+fn is_limited(d: &Decision) -> bool {
+    !d.allowed || d.remaining == 0
+}
+
+/// Locks a shard. A panic while holding the lock cannot leave a counter half-written (every
+/// update is a single assignment), so a poisoned lock is still safe to use.
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<C: Clock + 'static> Store for MemoryStore<C> {
+    async fn check(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
+        match checks {
+            [] => Ok(Vec::new()),
+            [one] => self.check_one(*one).map(|d| vec![d]),
+            many => self.check_all(many),
+        }
+    }
+
+    async fn peek(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {
+        Ok(self.peek_now(key, policy))
+    }
+
+    async fn reset(&self, key: &str) -> StoreResult<bool> {
+        Ok(self.remove(key))
+    }
+
+    fn tracked_keys(&self) -> Option<usize> {
+        Some(self.len())
+    }
+}

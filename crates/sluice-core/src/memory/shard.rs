@@ -1,0 +1,94 @@
+//! One shard of the memory store: a hash map from fingerprints to entries, with expiry and the
+//! eviction policy.
+
+use std::collections::HashMap;
+
+use super::fingerprint::{BuildPassThrough, Fingerprint};
+use super::state::State;
+use crate::StoreError;
+
+/// A tracked counter. 32 bytes, so a map slot with its 16-byte fingerprint is 48.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    /// When the counter is back to full, in whole seconds after the store's base time, rounded
+    /// up. Past this an entry means the same as no entry, and sweeping may drop it.
+    pub(crate) expires: u32,
+    /// Whether the last decision on this counter denied a request or left nothing remaining.
+    /// Eviction never drops such an entry before it expires.
+    pub(crate) limited: bool,
+    pub(crate) state: State,
+}
+
+/// The fewest entries a shard holds before it sweeps expired ones on insertion.
+const MIN_SWEEP_LEN: usize = 64;
+
+/// A fraction of a full shard's capacity freed by one eviction pass, so that the linear pass is
+/// paid once per many insertions.
+const EVICT_FRACTION: usize = 8;
+
+#[derive(Debug)]
+pub(crate) struct Shard {
+    pub(crate) map: HashMap<Fingerprint, Entry, BuildPassThrough>,
+    /// The most entries this shard may hold.
+    cap: usize,
+    /// Sweep expired entries when an insertion finds the map this long: twice its length after
+    /// the last sweep, so sweeping costs O(1) amortized per insertion.
+    next_sweep: usize,
+}
+
+impl Shard {
+    pub(crate) fn new(cap: usize) -> Self {
+        Shard {
+            map: HashMap::with_hasher(BuildPassThrough),
+            cap,
+            next_sweep: MIN_SWEEP_LEN,
+        }
+    }
+
+    /// Drops every entry expired at `now_secs`. Returns how many were dropped.
+    pub(crate) fn sweep(&mut self, now_secs: u32) -> usize {
+        let before = self.map.len();
+        self.map.retain(|_, e| e.expires > now_secs);
+        self.next_sweep = (self.map.len() * 2).max(MIN_SWEEP_LEN);
+        before - self.map.len()
+    }
+
+    /// Makes room for `extra` new entries at `now_secs`, or says the shard is full.
+    ///
+    /// First expired entries go, which changes nothing any caller can observe. If that is not
+    /// enough, entries that are not limited go, those closest to expiring first: they are the
+    /// nearest to full, so forgetting them gives away the least. A limited entry is never
+    /// dropped before it expires; if only such entries remain, the new key is refused.
+    pub(crate) fn make_room(
+        &mut self,
+        extra: usize,
+        now_secs: u32,
+        max_keys: usize,
+    ) -> Result<(), StoreError> {
+        let wanted = self.map.len() + extra;
+        if wanted >= self.next_sweep || wanted > self.cap {
+            self.sweep(now_secs);
+        }
+        if self.map.len() + extra <= self.cap {
+            return Ok(());
+        }
+        let goal = (self.cap / EVICT_FRACTION).max(extra);
+        let mut expiries: Vec<u32> = self
+            .map
+            .values()
+            .filter(|e| !e.limited)
+            .map(|e| e.expires)
+            .collect();
+        if !expiries.is_empty() {
+            let nth = goal.min(expiries.len()) - 1;
+            let (_, threshold, _) = expiries.select_nth_unstable(nth);
+            let threshold = *threshold;
+            self.map.retain(|_, e| e.limited || e.expires > threshold);
+        }
+        if self.map.len() + extra <= self.cap {
+            Ok(())
+        } else {
+            Err(StoreError::Full { max_keys })
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! One counter's state in the memory store, for whichever algorithm its policy uses.
+
+use crate::algorithm::{FixedWindowState, SlidingCounterState, SlidingLogState, TokenBucketState};
+use crate::{Decision, Policy, Timestamp};
+
+/// A counter's state. Every variant but the log fits in 16 bytes, so the enum is 24; the log is
+/// boxed because it grows with the limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    TokenBucket(TokenBucketState),
+    Gcra(Timestamp),
+    LeakyQueue(Timestamp),
+    FixedWindow(FixedWindowState),
+    SlidingCounter(SlidingCounterState),
+    SlidingLog(Box<SlidingLogState>),
+}
+
+/// What admitting a request does to its counter.
+pub(crate) enum Update {
+    /// Replace the state with this one.
+    Set(State),
+    /// Append `cost` units to the stored log (or a fresh one), so that a long log is never
+    /// copied to decide.
+    Record(u64),
+}
+
+/// Decides a request of `cost` under `policy`, given the stored state if any. A stored state of
+/// another algorithm (the key's policy changed) counts as fresh. Returns the update to apply if
+/// the caller admits the request.
+pub(crate) fn decide(
+    policy: &Policy,
+    stored: Option<&State>,
+    now: Timestamp,
+    cost: u64,
+) -> (Update, Decision) {
+    match (policy, stored) {
+        (Policy::TokenBucket(p), s) => {
+            let state = match s {
+                Some(State::TokenBucket(s)) => *s,
+                _ => p.initial(now),
+            };
+            let (next, d) = p.decide(state, now, cost);
+            (Update::Set(State::TokenBucket(next)), d)
+        }
+        (Policy::Gcra(p), s) => {
+            let tat = match s {
+                Some(State::Gcra(t)) => *t,
+                _ => Timestamp::EPOCH,
+            };
+            let (next, d) = p.decide(tat, now, cost);
+            (Update::Set(State::Gcra(next)), d)
+        }
+        (Policy::LeakyQueue(p), s) => {
+            let next_slot = match s {
+                Some(State::LeakyQueue(t)) => *t,
+                _ => Timestamp::EPOCH,
+            };
+            let (next, d) = p.decide(next_slot, now, cost);
+            (Update::Set(State::LeakyQueue(next)), d)
+        }
+        (Policy::FixedWindow(p), s) => {
+            let state = match s {
+                Some(State::FixedWindow(s)) => *s,
+                _ => FixedWindowState::default(),
+            };
+            let (next, d) = p.decide(state, now, cost);
+            (Update::Set(State::FixedWindow(next)), d)
+        }
+        (Policy::SlidingCounter(p), s) => {
+            let state = match s {
+                Some(State::SlidingCounter(s)) => *s,
+                _ => SlidingCounterState::default(),
+            };
+            let (next, d) = p.decide(state, now, cost);
+            (Update::Set(State::SlidingCounter(next)), d)
+        }
+        (Policy::SlidingLog(p), Some(State::SlidingLog(log))) => {
+            (Update::Record(cost), p.decide(log, now, cost))
+        }
+        (Policy::SlidingLog(p), _) => {
+            (Update::Record(cost), p.decide(&SlidingLogState::default(), now, cost))
+        }
+    }
+}
+
+/// Applies an admitted request's update to the stored state, if there is one. Returns the state
+/// to store in its place when there is none, or when the stored one is of another algorithm.
+pub(crate) fn apply(
+    policy: &Policy,
+    stored: Option<&mut State>,
+    update: Update,
+    now: Timestamp,
+) -> Option<State> {
+    match (update, stored, policy) {
+        (Update::Set(state), _, _) => Some(state),
+        (Update::Record(cost), Some(State::SlidingLog(log)), Policy::SlidingLog(p)) => {
+            p.record(log, now, cost);
+            None
+        }
+        (Update::Record(cost), _, Policy::SlidingLog(p)) => {
+            let mut log = Box::<SlidingLogState>::default();
+            p.record(&mut log, now, cost);
+            Some(State::SlidingLog(log))
+        }
+        (Update::Record(_), _, _) => None,
+    }
+}

@@ -1,0 +1,236 @@
+//! Policies: which algorithm limits a counter, and with which parameters.
+//!
+//! Every policy is validated when it is built, so an invalid one (a zero window, a rate of nothing
+//! per hour) is an error at configuration time and never a panic at decision time. A limit of 0
+//! is valid: it blocks outright, as Envoy's `requests_per_unit: 0` does.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::algorithm::{FixedWindow, Gcra, LeakyQueue, SlidingCounter, SlidingLog, TokenBucket};
+use crate::clock::duration_nanos;
+
+/// Why a policy could not be built. Each message says what was wrong and what to do instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// A window or period of zero length.
+    #[error("the {what} is zero; give it a length of at least 1ns, such as 1s or 1m")]
+    ZeroDuration {
+        /// Which duration: "window", "period" or "maximum wait".
+        what: &'static str,
+    },
+    /// A rate that refills nothing while the limit is not zero.
+    #[error("the rate is 0 per period but the limit is {limit}; a bucket that never refills is \
+             a quota, so use a fixed window, or set the limit to 0 to block outright")]
+    ZeroRate {
+        /// The limit that would never refill.
+        limit: u64,
+    },
+    /// A limit larger than the algorithm can track.
+    #[error("a limit of {limit} is above the {algorithm} maximum of {max}; {hint}")]
+    LimitTooLarge {
+        /// The algorithm whose bound was exceeded.
+        algorithm: Algorithm,
+        /// The limit asked for.
+        limit: u64,
+        /// The largest limit the algorithm takes.
+        max: u64,
+        /// What to do instead.
+        hint: &'static str,
+    },
+}
+
+/// A rate: `amount` units every `per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    amount: u64,
+    per_nanos: u64,
+}
+
+impl Rate {
+    /// `amount` per `per`. `per` must not be zero; `amount` may be 0, which only makes sense for a
+    /// policy whose limit is 0 as well.
+    pub fn new(amount: u64, per: Duration) -> Result<Self, PolicyError> {
+        let per_nanos = duration_nanos(per);
+        if per_nanos == 0 {
+            return Err(PolicyError::ZeroDuration { what: "period" });
+        }
+        Ok(Rate { amount, per_nanos })
+    }
+
+    /// `amount` per second.
+    pub fn per_second(amount: u64) -> Self {
+        Rate {
+            amount,
+            per_nanos: 1_000_000_000,
+        }
+    }
+
+    /// `amount` per minute.
+    pub fn per_minute(amount: u64) -> Self {
+        Rate {
+            amount,
+            per_nanos: 60_000_000_000,
+        }
+    }
+
+    /// Units per period.
+    pub fn amount(&self) -> u64 {
+        self.amount
+    }
+
+    /// The period.
+    pub fn per(&self) -> Duration {
+        Duration::from_nanos(self.per_nanos)
+    }
+
+    pub(crate) fn per_nanos(&self) -> u64 {
+        self.per_nanos
+    }
+
+    /// The time between two units, rounded up to a whole nanosecond so that rounding never admits
+    /// more than the rate. Only meaningful when `amount > 0`.
+    pub(crate) fn interval_nanos(&self) -> u64 {
+        self.per_nanos.div_ceil(self.amount.max(1)).max(1)
+    }
+}
+
+/// The six algorithms, by the names the configuration uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// A bucket of `capacity` tokens refilled continuously at a rate.
+    TokenBucket,
+    /// The leaky bucket as a meter: the generic cell rate algorithm, as nginx `limit_req` uses.
+    Gcra,
+    /// The leaky bucket as a queue (shaper): excess requests wait for their slot, up to a bound.
+    LeakyQueue,
+    /// A counter per window, aligned to the clock or starting at the first request.
+    FixedWindow,
+    /// An exact log of admitted requests over a sliding window.
+    SlidingLog,
+    /// Two fixed-window counters blended into a sliding estimate.
+    SlidingCounter,
+}
+
+impl Algorithm {
+    /// Every algorithm, in documentation order.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyQueue,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+    ];
+
+    /// The configuration name, such as `token_bucket`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::LeakyQueue => "leaky_queue",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingCounter => "sliding_counter",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The name given is not one of the six algorithms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown algorithm `{0}`; expected one of token_bucket, gcra, leaky_queue, fixed_window, \
+         sliding_log, sliding_counter")]
+pub struct UnknownAlgorithm(pub String);
+
+impl FromStr for Algorithm {
+    type Err = UnknownAlgorithm;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| UnknownAlgorithm(s.to_owned()))
+    }
+}
+
+/// A validated policy: one algorithm with its parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// See [`TokenBucket`].
+    TokenBucket(TokenBucket),
+    /// See [`Gcra`].
+    Gcra(Gcra),
+    /// See [`LeakyQueue`].
+    LeakyQueue(LeakyQueue),
+    /// See [`FixedWindow`].
+    FixedWindow(FixedWindow),
+    /// See [`SlidingLog`].
+    SlidingLog(SlidingLog),
+    /// See [`SlidingCounter`].
+    SlidingCounter(SlidingCounter),
+}
+
+impl Policy {
+    /// Which algorithm this is.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Policy::TokenBucket(_) => Algorithm::TokenBucket,
+            Policy::Gcra(_) => Algorithm::Gcra,
+            Policy::LeakyQueue(_) => Algorithm::LeakyQueue,
+            Policy::FixedWindow(_) => Algorithm::FixedWindow,
+            Policy::SlidingLog(_) => Algorithm::SlidingLog,
+            Policy::SlidingCounter(_) => Algorithm::SlidingCounter,
+        }
+    }
+
+    /// The limit advertised to clients (`RateLimit-Policy: q=`).
+    pub fn limit(&self) -> u64 {
+        match self {
+            Policy::TokenBucket(p) => p.capacity(),
+            Policy::Gcra(p) => p.burst(),
+            Policy::LeakyQueue(p) => p.capacity(),
+            Policy::FixedWindow(p) => p.limit(),
+            Policy::SlidingLog(p) => p.limit(),
+            Policy::SlidingCounter(p) => p.limit(),
+        }
+    }
+
+    /// The window the limit is measured over (`RateLimit-Policy: w=`): the window itself, or the
+    /// period of the rate.
+    pub fn window(&self) -> Duration {
+        match self {
+            Policy::TokenBucket(p) => p.rate().per(),
+            Policy::Gcra(p) => p.rate().per(),
+            Policy::LeakyQueue(p) => p.rate().per(),
+            Policy::FixedWindow(p) => p.window(),
+            Policy::SlidingLog(p) => p.window(),
+            Policy::SlidingCounter(p) => p.window(),
+        }
+    }
+}
+
+macro_rules! policy_from {
+    ($($variant:ident),*) => {
+        $(impl From<$variant> for Policy {
+            fn from(p: $variant) -> Self {
+                Policy::$variant(p)
+            }
+        })*
+    };
+}
+policy_from!(TokenBucket, Gcra, LeakyQueue, FixedWindow, SlidingLog, SlidingCounter);
+
+/// Nanoseconds of a duration that must not be zero.
+pub(crate) fn nonzero_nanos(d: Duration, what: &'static str) -> Result<u64, PolicyError> {
+    match duration_nanos(d) {
+        0 => Err(PolicyError::ZeroDuration { what }),
+        n => Ok(n),
+    }
+}

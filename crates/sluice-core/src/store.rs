@@ -1,0 +1,111 @@
+//! The store contract: every front end ends in [`Store::check`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::{Decision, Policy};
+
+/// One limit to check for a request: which counter, under which policy, at what cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The counter's identity. Two checks with the same key share one counter.
+    pub key: &'a str,
+    /// How the counter is limited.
+    pub policy: &'a Policy,
+    /// How many units the request takes. 0 asks whether one more request would pass, and
+    /// consumes nothing.
+    pub cost: u64,
+}
+
+impl<'a> Check<'a> {
+    /// A check of `cost` units on `key` under `policy`.
+    pub fn new(key: &'a str, policy: &'a Policy, cost: u64) -> Self {
+        Check { key, policy, cost }
+    }
+}
+
+/// Why a store could not decide. A denial is not an error: it is a [`Decision`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// Every slot the key could take holds a counter that is limited and not yet expired, so the
+    /// store cannot track a new key without resetting one. Transient: slots free as keys expire.
+    #[error("the store tracks its maximum of {max_keys} keys and all candidates for eviction are \
+             limited; raise the key limit, or wait for counters to expire")]
+    Full {
+        /// The store's configured key limit.
+        max_keys: usize,
+    },
+    /// The store did not answer in time.
+    #[error("the store did not answer within {0:?}; check its health and network")]
+    Timeout(Duration),
+    /// The store could not be reached or failed while answering.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+    /// The store refused the request itself; retrying the same request will not help.
+    #[error("the store rejected the request: {0}")]
+    Rejected(String),
+}
+
+impl StoreError {
+    /// Whether retrying later may succeed. Callers use it to decide between a fallback (a
+    /// transient outage) and a bug report (a permanent refusal).
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, StoreError::Rejected(_))
+    }
+}
+
+/// The result of a store call.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Where counters live. Every front end, in process or over the wire, ends in [`Store::check`].
+pub trait Store: Send + Sync + 'static {
+    /// Decides every check at once, atomically: either every check admits the request and all of
+    /// them consume, or none consumes. Returns one decision per check, in order.
+    fn check(&self, checks: &[Check<'_>]) -> impl Future<Output = StoreResult<Vec<Decision>>> + Send;
+
+    /// The decision a cost-0 check would get, without creating or changing any state.
+    fn peek(&self, key: &str, policy: &Policy) -> impl Future<Output = StoreResult<Decision>> + Send;
+
+    /// Forgets the counter `key`, so its next request finds it full. Returns whether it existed.
+    fn reset(&self, key: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// How many counters the store tracks, where it can tell cheaply.
+    fn tracked_keys(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// A boxed future, for [`DynStore`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// [`Store`] in a form that can sit behind `Arc<dyn DynStore>`, for callers that choose the store
+/// at run time. Every `Store` is a `DynStore`; the price is one allocation per call.
+pub trait DynStore: Send + Sync + 'static {
+    /// See [`Store::check`].
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, StoreResult<Vec<Decision>>>;
+    /// See [`Store::peek`].
+    fn peek<'a>(&'a self, key: &'a str, policy: &'a Policy) -> BoxFuture<'a, StoreResult<Decision>>;
+    /// See [`Store::reset`].
+    fn reset<'a>(&'a self, key: &'a str) -> BoxFuture<'a, StoreResult<bool>>;
+    /// See [`Store::tracked_keys`].
+    fn tracked_keys(&self) -> Option<usize>;
+}
+
+impl<S: Store> DynStore for S {
+    fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, StoreResult<Vec<Decision>>> {
+        Box::pin(Store::check(self, checks))
+    }
+
+    fn peek<'a>(&'a self, key: &'a str, policy: &'a Policy) -> BoxFuture<'a, StoreResult<Decision>> {
+        Box::pin(Store::peek(self, key, policy))
+    }
+
+    fn reset<'a>(&'a self, key: &'a str) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(Store::reset(self, key))
+    }
+
+    fn tracked_keys(&self) -> Option<usize> {
+        Store::tracked_keys(self)
+    }
+}
