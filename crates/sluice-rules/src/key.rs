@@ -1,0 +1,189 @@
+//! Counter keys: the name under which a store keeps one counter.
+//!
+//! A key reads `{domain|key=value|key=value}:policy`, for example
+//! `{api|user=alice|path=%2Fv1%2Forders}:5d0c2f1e8a7b3c94`.
+//!
+//! - **Injective.** Every byte outside a small safe set is percent-encoded, so the separators
+//!   `{ } | = : % *` never occur inside a component and two different descriptors never produce
+//!   the same key. A `share_threshold` wildcard is the one place a raw `*` appears.
+//! - **Redis-safe.** The identity sits in a hash tag, so every limit of one descriptor lands in
+//!   one Cluster slot and is checked by one script; no component can close the tag early.
+//! - **Bounded.** An identity longer than [`MAX_IDENTITY_LEN`] is replaced by a 128-bit hash of
+//!   itself (`{#…}`), so a client sending a megabyte header cannot create a megabyte key.
+//! - **Stable across reloads, fresh across changes.** The suffix hashes the policy's parameters
+//!   (not its position in the file), so an unchanged rule keeps its counters when the file is
+//!   reloaded, while a changed limit starts from a clean counter instead of misreading state
+//!   written under different parameters. The hash is computed from the parameters' values with
+//!   fixed keys, so every instance and every build agrees on it.
+
+use std::fmt::Write as _;
+use std::hash::Hasher;
+
+use siphasher::sip::SipHasher13;
+use siphasher::sip128::{Hasher128, SipHasher13 as SipHasher13x128};
+use sluice_core::{Alignment, Policy};
+
+/// The longest identity (the part inside `{}`) kept readable; longer ones are hashed.
+pub const MAX_IDENTITY_LEN: usize = 192;
+
+/// The longest key [`crate::RuleSet::checks`] produces: braces, a hashed or readable identity, a
+/// colon and the 16-digit policy hash.
+pub const MAX_KEY_LEN: usize = MAX_IDENTITY_LEN + 2 + 1 + 16;
+
+/// Fixed hash keys. They are not secret: they only need to be the same on every instance, so
+/// that all instances name a counter alike.
+const KEY0: u64 = 0x736c_7569_6365_2d6b;
+const KEY1: u64 = 0x6579_732d_7631_0000;
+
+/// Whether a byte is written as itself in a key component.
+fn is_safe(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/' | b'@' | b'+' | b',')
+}
+
+/// Appends `component` percent-encoded.
+pub(crate) fn push_encoded(out: &mut String, component: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in component.as_bytes() {
+        if is_safe(b) {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xF)]));
+        }
+    }
+}
+
+/// Wraps a built identity (`domain|k=v|…`) into the final key with the policy hash.
+pub(crate) fn finish_key(identity: &str, policy_id: &str) -> String {
+    let mut key = String::with_capacity(identity.len().min(MAX_IDENTITY_LEN) + 20);
+    key.push('{');
+    if identity.len() <= MAX_IDENTITY_LEN {
+        key.push_str(identity);
+    } else {
+        let mut h = SipHasher13x128::new_with_keys(KEY0, KEY1);
+        h.write(identity.as_bytes());
+        let _ = write!(key, "#{:032x}", h.finish128().as_u128());
+    }
+    key.push_str("}:");
+    key.push_str(policy_id);
+    key
+}
+
+/// The policy's identity: 16 hex digits hashed from its algorithm and parameters.
+pub(crate) fn policy_id(policy: &Policy) -> String {
+    let canonical = canonical(policy);
+    let mut h = SipHasher13::new_with_keys(KEY0, KEY1);
+    h.write(canonical.as_bytes());
+    format!("{:016x}", h.finish())
+}
+
+/// A text that names every parameter of a policy, in a fixed order. Built from the values
+/// rather than from `Hash`, whose output Rust does not promise to keep across versions or
+/// platforms.
+fn canonical(policy: &Policy) -> String {
+    let nanos = |d: std::time::Duration| d.as_nanos();
+    match policy {
+        Policy::TokenBucket(p) => format!(
+            "token_bucket;capacity={};rate={}/{}",
+            p.capacity(),
+            p.rate().amount(),
+            nanos(p.rate().per())
+        ),
+        Policy::Gcra(p) => format!(
+            "gcra;burst={};rate={}/{}",
+            p.burst(),
+            p.rate().amount(),
+            nanos(p.rate().per())
+        ),
+        Policy::LeakyQueue(p) => format!(
+            "leaky_queue;queue={};max_wait={};rate={}/{}",
+            p.queue_size(),
+            nanos(p.max_wait()),
+            p.rate().amount(),
+            nanos(p.rate().per())
+        ),
+        Policy::FixedWindow(p) => format!(
+            "fixed_window;limit={};window={};align={}",
+            p.limit(),
+            nanos(p.window()),
+            match p.alignment() {
+                Alignment::Clock { utc_offset_secs } => format!("clock{utc_offset_secs:+}"),
+                Alignment::FirstRequest => "first_request".to_owned(),
+            }
+        ),
+        Policy::SlidingLog(p) => format!(
+            "sliding_log;limit={};window={}",
+            p.limit(),
+            nanos(p.window())
+        ),
+        Policy::SlidingCounter(p) => format!(
+            "sliding_counter;limit={};window={}",
+            p.limit(),
+            nanos(p.window())
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sluice_core::{FixedWindow, Rate, TokenBucket};
+
+    use super::*;
+
+    fn enc(s: &str) -> String {
+        let mut out = String::new();
+        push_encoded(&mut out, s);
+        out
+    }
+
+    #[test]
+    fn separators_never_survive_encoding() {
+        assert_eq!(enc("a|b=c{d}:e%f*g h"), "a%7Cb%3Dc%7Bd%7D%3Ae%25f%2Ag%20h");
+        assert_eq!(enc("/v1/orders"), "/v1/orders");
+        assert_eq!(enc("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn long_identities_are_hashed_and_bounded() {
+        let long = "x".repeat(10_000);
+        let key = finish_key(&long, "0123456789abcdef");
+        assert!(key.len() <= MAX_KEY_LEN, "{}", key.len());
+        assert!(key.starts_with("{#"));
+        let other = finish_key(&"y".repeat(10_000), "0123456789abcdef");
+        assert_ne!(key, other);
+    }
+
+    #[test]
+    fn policy_ids_follow_parameters() {
+        let a = Policy::from(
+            FixedWindow::new(
+                10,
+                Duration::from_secs(60),
+                Alignment::Clock { utc_offset_secs: 0 },
+            )
+            .unwrap(),
+        );
+        let b = Policy::from(
+            FixedWindow::new(
+                11,
+                Duration::from_secs(60),
+                Alignment::Clock { utc_offset_secs: 0 },
+            )
+            .unwrap(),
+        );
+        let c = Policy::from(TokenBucket::new(10, Rate::per_minute(10)).unwrap());
+        assert_eq!(policy_id(&a), policy_id(&a.clone()));
+        assert_ne!(policy_id(&a), policy_id(&b));
+        assert_ne!(policy_id(&a), policy_id(&c));
+        assert_eq!(policy_id(&a).len(), 16);
+        // Pinned, so a change to the canonical form (which would reset every counter in every
+        // deployment on upgrade) is a deliberate decision, not an accident.
+        assert_eq!(
+            canonical(&a),
+            "fixed_window;limit=10;window=60000000000;align=clock+0"
+        );
+    }
+}

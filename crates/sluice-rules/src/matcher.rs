@@ -1,0 +1,346 @@
+//! The matcher: from a request's descriptors to the checks a store decides.
+//!
+//! Each domain compiles into a tree of hash maps, one level per descriptor depth: entry key →
+//! (exact value → node, wildcard prefixes by length → node, key-only node). Matching an entry is
+//! a few hash lookups whatever the number of rules, and a descriptor of `n` entries walks `n`
+//! levels. Nothing is scanned.
+//!
+//! The semantics are envoyproxy/ratelimit's:
+//! - at each level an exact value wins over a wildcard, and a wildcard over a key-only rule;
+//!   among wildcards the longest prefix wins;
+//! - the walk never backtracks: once an entry picked a rule, the next entry is looked up among
+//!   that rule's children only;
+//! - a limit applies only when the request's descriptor ends exactly at a rule that has one. A
+//!   descriptor that is longer or shorter than any configured path is not limited;
+//! - `unlimited` yields no check; `replaces` drops, from the whole request, every matched limit
+//!   whose `name` another matched limit names.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use sluice_core::{Check, Policy};
+
+use crate::error::Location;
+use crate::key::{finish_key, policy_id, push_encoded};
+use crate::model::{Action, DescriptorConfig, DomainConfig, LimitConfig, OnStoreError, ValueMatch};
+
+/// One limit as the matcher hands it out: the rule's policy and everything a front end needs to
+/// act on its decision. Shared (`Arc`) between the rule set and every check it produces.
+#[derive(Debug)]
+pub struct Rule {
+    /// The algorithm and its parameters.
+    pub policy: Arc<Policy>,
+    /// Envoy's `name`, for `replaces` and metrics.
+    pub name: Option<Arc<str>>,
+    /// What a denied request gets.
+    pub action: Action,
+    /// Whether a denial is only recorded, the request passing anyway.
+    pub shadow: bool,
+    /// What happens when the store fails.
+    pub on_store_error: OnStoreError,
+    /// Envoy's `detailed_metric`: label metrics with the request's values, not only the rule.
+    pub detailed_metric: bool,
+    /// The rule's path in its domain, such as `api/user/path=/login`: a stable, bounded label
+    /// for metrics that does not grow with request values.
+    pub path: Arc<str>,
+    /// Where the limit is written, for logs that point the operator at the file.
+    pub location: Location,
+    replaces: Vec<Arc<str>>,
+    policy_id: String,
+}
+
+impl Rule {
+    /// The limits this one removes from a request.
+    pub fn replaces(&self) -> &[Arc<str>] {
+        &self.replaces
+    }
+}
+
+/// One check to make for a request: a counter, its rule, and the cost.
+#[derive(Debug, Clone)]
+pub struct MatchedCheck {
+    /// Which of the request's descriptors produced it, for per-descriptor answers (Envoy's
+    /// `descriptor_statuses`).
+    pub descriptor: usize,
+    /// The counter key, at most [`crate::MAX_KEY_LEN`] bytes.
+    pub key: String,
+    /// How many units the request takes.
+    pub cost: u64,
+    /// The matched rule.
+    pub rule: Arc<Rule>,
+}
+
+impl MatchedCheck {
+    /// The check in the form [`sluice_core::Store::check`] takes.
+    pub fn as_check(&self) -> Check<'_> {
+        Check::new(&self.key, &self.rule.policy, self.cost)
+    }
+}
+
+/// A request descriptor the matcher can read: an ordered list of key/value entries, and
+/// optionally its own cost (Envoy's per-descriptor `hits_addend`).
+pub trait DescriptorEntries {
+    /// How many entries.
+    fn entry_count(&self) -> usize;
+    /// The `i`th entry's key and value.
+    fn entry(&self, i: usize) -> (&str, &str);
+    /// This descriptor's own cost, overriding the request's.
+    fn cost(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> DescriptorEntries for [(K, V)] {
+    fn entry_count(&self) -> usize {
+        self.len()
+    }
+    fn entry(&self, i: usize) -> (&str, &str) {
+        (self[i].0.as_ref(), self[i].1.as_ref())
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> DescriptorEntries for Vec<(K, V)> {
+    fn entry_count(&self) -> usize {
+        self.len()
+    }
+    fn entry(&self, i: usize) -> (&str, &str) {
+        (self[i].0.as_ref(), self[i].1.as_ref())
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>, const N: usize> DescriptorEntries for [(K, V); N] {
+    fn entry_count(&self) -> usize {
+        N
+    }
+    fn entry(&self, i: usize) -> (&str, &str) {
+        (self[i].0.as_ref(), self[i].1.as_ref())
+    }
+}
+
+/// An owned request descriptor with an optional cost of its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    /// The entries, in order.
+    pub entries: Vec<(String, String)>,
+    /// The descriptor's own cost, if it has one.
+    pub cost: Option<u64>,
+}
+
+impl DescriptorEntries for Descriptor {
+    fn entry_count(&self) -> usize {
+        self.entries.len()
+    }
+    fn entry(&self, i: usize) -> (&str, &str) {
+        (&self.entries[i].0, &self.entries[i].1)
+    }
+    fn cost(&self) -> Option<u64> {
+        self.cost
+    }
+}
+
+/// One compiled rule: its limits and its children.
+#[derive(Debug, Default)]
+struct Node {
+    limits: Vec<Arc<Rule>>,
+    unlimited: bool,
+    /// For a wildcard rule with `share_threshold`, the encoded pattern that stands in for the
+    /// value in counter keys, so every matching value shares one counter.
+    shared_value: Option<String>,
+    children: Level,
+}
+
+/// The rules at one depth, indexed by entry key.
+#[derive(Debug, Default)]
+struct Level {
+    keys: HashMap<Box<str>, KeyRules>,
+}
+
+/// The rules for one entry key at one depth.
+#[derive(Debug, Default)]
+struct KeyRules {
+    exact: HashMap<Box<str>, Node>,
+    /// Wildcards grouped by prefix length, longest first: one lookup per distinct length.
+    prefixes: Vec<(usize, HashMap<Box<str>, Node>)>,
+    any: Option<Box<Node>>,
+}
+
+impl KeyRules {
+    fn find(&self, value: &str) -> Option<&Node> {
+        if let Some(n) = self.exact.get(value) {
+            return Some(n);
+        }
+        for (len, map) in &self.prefixes {
+            if let Some(n) = value.get(..*len).and_then(|p| map.get(p)) {
+                return Some(n);
+            }
+        }
+        self.any.as_deref()
+    }
+}
+
+/// A compiled domain.
+#[derive(Debug)]
+pub(crate) struct CompiledDomain {
+    pub(crate) config: DomainConfig,
+    /// The encoded domain, the first component of every key.
+    key_prefix: String,
+    root: Level,
+}
+
+impl CompiledDomain {
+    pub(crate) fn compile(config: DomainConfig) -> Self {
+        let mut key_prefix = String::new();
+        push_encoded(&mut key_prefix, &config.name);
+        let mut root = Level::default();
+        for d in &config.descriptors {
+            insert(&mut root, d, &config.name);
+        }
+        CompiledDomain {
+            config,
+            key_prefix,
+            root,
+        }
+    }
+
+    /// The node where a request descriptor ends, and its counter identity.
+    fn walk<D: DescriptorEntries + ?Sized>(&self, descriptor: &D) -> Option<(&Node, String)> {
+        let n = descriptor.entry_count();
+        if n == 0 {
+            return None;
+        }
+        let mut identity = String::with_capacity(self.key_prefix.len() + 32 * n);
+        identity.push_str(&self.key_prefix);
+        let mut level = &self.root;
+        let mut node = None;
+        for i in 0..n {
+            let (key, value) = descriptor.entry(i);
+            let found = level.keys.get(key)?.find(value)?;
+            identity.push('|');
+            push_encoded(&mut identity, key);
+            identity.push('=');
+            match &found.shared_value {
+                Some(pattern) => identity.push_str(pattern),
+                None => push_encoded(&mut identity, value),
+            }
+            level = &found.children;
+            node = Some(found);
+        }
+        node.map(|n| (n, identity))
+    }
+}
+
+fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str) {
+    let path: Arc<str> = match &d.value {
+        ValueMatch::Any => format!("{parent_path}/{}", d.key),
+        v => format!("{parent_path}/{}={v}", d.key),
+    }
+    .into();
+    let mut node = Node {
+        unlimited: d.unlimited,
+        limits: d
+            .limits
+            .iter()
+            .map(|l| Arc::new(compile_limit(l, d, path.clone())))
+            .collect(),
+        ..Node::default()
+    };
+    if let (ValueMatch::Prefix(p), true) = (&d.value, d.share_threshold) {
+        let mut pattern = String::new();
+        push_encoded(&mut pattern, p);
+        pattern.push('*');
+        node.shared_value = Some(pattern);
+    }
+    for child in &d.descriptors {
+        insert(&mut node.children, child, &path);
+    }
+    let rules = level.keys.entry(d.key.as_str().into()).or_default();
+    // Duplicates were refused while decoding, so each slot is filled once.
+    match &d.value {
+        ValueMatch::Any => rules.any = Some(Box::new(node)),
+        ValueMatch::Exact(v) => {
+            rules.exact.insert(v.as_str().into(), node);
+        }
+        ValueMatch::Prefix(p) => {
+            let i = match rules.prefixes.iter().position(|(len, _)| *len <= p.len()) {
+                Some(i) if rules.prefixes[i].0 == p.len() => i,
+                Some(i) => {
+                    rules.prefixes.insert(i, (p.len(), HashMap::new()));
+                    i
+                }
+                None => {
+                    rules.prefixes.push((p.len(), HashMap::new()));
+                    rules.prefixes.len() - 1
+                }
+            };
+            rules.prefixes[i].1.insert(p.as_str().into(), node);
+        }
+    }
+}
+
+fn compile_limit(l: &LimitConfig, d: &DescriptorConfig, path: Arc<str>) -> Rule {
+    Rule {
+        policy_id: policy_id(&l.policy),
+        policy: l.policy.clone(),
+        name: l.name.clone(),
+        action: l.action.clone(),
+        shadow: l.shadow,
+        on_store_error: l.on_store_error,
+        detailed_metric: d.detailed_metric,
+        path,
+        location: l.location.clone(),
+        replaces: l.replaces.clone(),
+    }
+}
+
+/// What matching found for one request: every check to make, and which descriptors were
+/// explicitly unlimited (a front end answers those `OK` without asking the store).
+#[derive(Debug, Clone, Default)]
+pub struct Matches {
+    /// The checks, in descriptor order, after `replaces` has removed what it names.
+    pub checks: Vec<MatchedCheck>,
+    /// Indexes of descriptors that ended at an `unlimited` rule.
+    pub unlimited: Vec<usize>,
+}
+
+pub(crate) fn match_request<D: DescriptorEntries>(
+    domain: &CompiledDomain,
+    descriptors: &[D],
+    default_cost: u64,
+) -> Matches {
+    let mut out = Matches::default();
+    let mut any_replaces = false;
+    for (i, d) in descriptors.iter().enumerate() {
+        let Some((node, identity)) = domain.walk(d) else {
+            continue;
+        };
+        if node.unlimited {
+            out.unlimited.push(i);
+            continue;
+        }
+        let cost = d.cost().unwrap_or(default_cost);
+        for rule in &node.limits {
+            any_replaces |= !rule.replaces.is_empty();
+            out.checks.push(MatchedCheck {
+                descriptor: i,
+                key: finish_key(&identity, &rule.policy_id),
+                cost,
+                rule: rule.clone(),
+            });
+        }
+    }
+    if any_replaces {
+        let replaced: HashSet<&str> = out
+            .checks
+            .iter()
+            .flat_map(|c| c.rule.replaces.iter().map(|r| &**r))
+            .collect();
+        let keep: Vec<bool> = out
+            .checks
+            .iter()
+            .map(|c| c.rule.name.as_deref().is_none_or(|n| !replaced.contains(n)))
+            .collect();
+        let mut keep = keep.into_iter();
+        out.checks.retain(|_| keep.next().unwrap_or(true));
+    }
+    out
+}

@@ -1,0 +1,232 @@
+//! Hot reload: keep a [`RuleSet`] current as its files change.
+//!
+//! [`Reloader::reload_now`] is the one place a reload happens. The file watcher calls it after a
+//! quiet period, an admin endpoint may call it directly, and tests call it to check the semantics
+//! without waiting on a file system.
+//!
+//! The watcher watches a file's parent directory rather than the file itself: an editor that
+//! saves by renaming a new file over the old one, and Kubernetes, which swaps a `..data` symlink
+//! to publish a ConfigMap, both replace the inode a file watch would be attached to. Any change
+//! in the directory triggers a reload; one that turns out to leave the rule files as they were
+//! (an editor's swap file, say) is counted as unchanged and swaps nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
+
+use crate::error::LoadError;
+use crate::ruleset::RuleSet;
+
+/// Reload counters, as plain atomics so a metrics exporter can read them without locking.
+#[derive(Debug, Default)]
+pub struct ReloadStats {
+    /// Reloads that swapped in a new rule set.
+    pub reloads: AtomicU64,
+    /// Reloads that found invalid files and kept the old rules.
+    pub failures: AtomicU64,
+    /// Reloads that found the files unchanged and swapped nothing.
+    pub unchanged: AtomicU64,
+}
+
+/// What one reload did. Subscribers receive one per reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadEvent {
+    /// A new rule set is in force.
+    Reloaded {
+        /// The new set's [`RuleSet::fingerprint`].
+        fingerprint: u64,
+    },
+    /// The files were the same as the rules in force; nothing changed.
+    Unchanged,
+    /// The files are invalid; the rules in force stay. The error has every `file:line:col`.
+    Failed(LoadError),
+}
+
+/// Holds the rule set in force and replaces it, atomically, when its files change.
+#[derive(Debug)]
+pub struct Reloader {
+    sources: Vec<PathBuf>,
+    current: ArcSwap<RuleSet>,
+    stats: ReloadStats,
+    last_error: Mutex<Option<LoadError>>,
+    subscribers: Mutex<Vec<mpsc::Sender<ReloadEvent>>>,
+    /// Serializes reloads, so two racing reloads cannot swap in an older set after a newer one.
+    reloading: Mutex<()>,
+}
+
+impl Reloader {
+    /// Loads `sources` (files or directories). The first load must succeed: a process should not
+    /// start on rules it cannot read.
+    pub fn new(sources: Vec<PathBuf>) -> Result<Arc<Self>, LoadError> {
+        let rules = RuleSet::load_all(&sources)?;
+        Ok(Arc::new(Reloader {
+            sources,
+            current: ArcSwap::from_pointee(rules),
+            stats: ReloadStats::default(),
+            last_error: Mutex::new(None),
+            subscribers: Mutex::new(Vec::new()),
+            reloading: Mutex::new(()),
+        }))
+    }
+
+    /// The rule set in force. Hold the `Arc` for the length of one request, so the request is
+    /// matched against one set from start to finish.
+    pub fn rules(&self) -> Arc<RuleSet> {
+        self.current.load_full()
+    }
+
+    /// The files and directories this reloader reads.
+    pub fn sources(&self) -> &[PathBuf] {
+        &self.sources
+    }
+
+    /// Reload counters.
+    pub fn stats(&self) -> &ReloadStats {
+        &self.stats
+    }
+
+    /// The error of the last reload, if it failed; cleared by the next one that succeeds.
+    pub fn last_error(&self) -> Option<LoadError> {
+        lock(&self.last_error).clone()
+    }
+
+    /// A channel that receives every later reload's outcome.
+    pub fn subscribe(&self) -> mpsc::Receiver<ReloadEvent> {
+        let (tx, rx) = mpsc::channel();
+        lock(&self.subscribers).push(tx);
+        rx
+    }
+
+    /// Reads the files again now. A valid, changed set replaces the one in force; an invalid
+    /// one leaves it in force and is reported.
+    pub fn reload_now(&self) -> ReloadEvent {
+        let _serial = lock(&self.reloading);
+        let event = match RuleSet::load_all(&self.sources) {
+            Ok(rules) if rules.fingerprint() == self.current.load().fingerprint() => {
+                self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
+                *lock(&self.last_error) = None;
+                ReloadEvent::Unchanged
+            }
+            Ok(rules) => {
+                let fingerprint = rules.fingerprint();
+                self.current.store(Arc::new(rules));
+                self.stats.reloads.fetch_add(1, Ordering::Relaxed);
+                *lock(&self.last_error) = None;
+                ReloadEvent::Reloaded { fingerprint }
+            }
+            Err(e) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                *lock(&self.last_error) = Some(e.clone());
+                ReloadEvent::Failed(e)
+            }
+        };
+        lock(&self.subscribers).retain(|s| s.send(event.clone()).is_ok());
+        event
+    }
+
+    /// Starts watching the sources. After a change, the watcher waits until the files have
+    /// been quiet for `debounce`, so a burst of writes (an editor's save, a ConfigMap update's
+    /// several renames) costs one reload. Watching stops when the [`Watcher`] is dropped.
+    pub fn watch(self: &Arc<Self>, debounce: Duration) -> Result<Watcher, notify::Error> {
+        let (tx, rx) = mpsc::channel::<Signal>();
+        let fs_tx = tx.clone();
+        let mut watcher =
+            notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+                let relevant = match res {
+                    // Reading the files ourselves produces access events; reacting to them would
+                    // reload forever.
+                    Ok(event) => !matches!(event.kind, EventKind::Access(_)),
+                    // A lost event (an overflowing queue) may hide a change: reload to be sure.
+                    Err(_) => true,
+                };
+                if relevant {
+                    let _ = fs_tx.send(Signal::Changed);
+                }
+            })?;
+        for source in &self.sources {
+            let (target, mode) = watch_target(source);
+            watcher.watch(&target, mode)?;
+        }
+        let reloader = Arc::clone(self);
+        let thread = std::thread::Builder::new()
+            .name("sluice-rules-watch".into())
+            .spawn(move || debounce_loop(&reloader, &rx, debounce))
+            .map_err(|e| notify::Error::generic(&format!("cannot start the watch thread: {e}")))?;
+        Ok(Watcher {
+            watcher: Some(watcher),
+            stop: tx,
+            thread: Some(thread),
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+enum Signal {
+    Changed,
+    Stop,
+}
+
+/// A directory is watched whole; a file through its parent, so replacing the file is seen too.
+fn watch_target(source: &Path) -> (PathBuf, RecursiveMode) {
+    if source.is_dir() {
+        return (source.to_path_buf(), RecursiveMode::Recursive);
+    }
+    let parent = match source.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    (parent, RecursiveMode::NonRecursive)
+}
+
+fn debounce_loop(reloader: &Reloader, rx: &mpsc::Receiver<Signal>, debounce: Duration) {
+    loop {
+        match rx.recv() {
+            Ok(Signal::Changed) => {}
+            Ok(Signal::Stop) | Err(_) => return,
+        }
+        loop {
+            match rx.recv_timeout(debounce) {
+                Ok(Signal::Changed) => continue,
+                Err(RecvTimeoutError::Timeout) => break,
+                Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        reloader.reload_now();
+    }
+}
+
+/// A running file watch. Dropping it stops the watch and joins its thread.
+#[derive(Debug)]
+pub struct Watcher {
+    watcher: Option<RecommendedWatcher>,
+    stop: mpsc::Sender<Signal>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Signal::Changed => "Changed",
+            Signal::Stop => "Stop",
+        })
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        drop(self.watcher.take());
+        let _ = self.stop.send(Signal::Stop);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! A loaded set of domains, ready to match requests.
+
+use std::collections::HashMap;
+use std::fs;
+use std::hash::Hasher;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use siphasher::sip::SipHasher13;
+
+use crate::decode::decode_file;
+use crate::error::{ConfigError, ErrorKind, LoadError, Location};
+use crate::matcher::{CompiledDomain, DescriptorEntries, Matches, match_request};
+use crate::model::DomainConfig;
+
+/// How deep a rules directory is searched for files. Kubernetes mounts are flat; the bound only
+/// keeps a symlink loop from running forever.
+const MAX_DIR_DEPTH: usize = 8;
+
+/// Every domain of a rule file or directory, compiled for matching.
+///
+/// A rule set is immutable: a reload builds a new one and swaps it in whole (see
+/// [`crate::Reloader`]), so a request always sees one set, never a mix of two.
+#[derive(Debug)]
+pub struct RuleSet {
+    domains: HashMap<String, CompiledDomain>,
+    /// A hash of every source file's name and text, so a reload that finds the same files can
+    /// skip the swap.
+    fingerprint: u64,
+}
+
+impl RuleSet {
+    /// A rule set with no domains: nothing is limited.
+    pub fn empty() -> Self {
+        RuleSet {
+            domains: HashMap::new(),
+            fingerprint: 0,
+        }
+    }
+
+    /// Parses one file's text. `name` is how errors refer to it.
+    pub fn parse(name: &str, text: &str) -> Result<Self, LoadError> {
+        Self::from_sources([(name, text)])
+    }
+
+    /// Parses several files' texts as one set. Every file is decoded even after an error, so all
+    /// problems are reported together.
+    pub fn from_sources<'a, I>(sources: I) -> Result<Self, LoadError>
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)>,
+    {
+        let mut errors = Vec::new();
+        let mut domains: HashMap<String, CompiledDomain> = HashMap::new();
+        let mut fingerprint = SipHasher13::new();
+        for (name, text) in sources {
+            fingerprint.write(name.as_bytes());
+            fingerprint.write_u8(0);
+            fingerprint.write(text.as_bytes());
+            fingerprint.write_u8(0);
+            let file: Arc<str> = Arc::from(name);
+            match decode_file(&file, text) {
+                Ok(domain) => {
+                    if let Some(first) = domains.get(&domain.name) {
+                        errors.push(ConfigError::new(
+                            domain.location.clone(),
+                            ErrorKind::DuplicateDomain {
+                                domain: domain.name.clone(),
+                                first: first.config.location.clone(),
+                            },
+                        ));
+                        continue;
+                    }
+                    domains.insert(domain.name.clone(), CompiledDomain::compile(domain));
+                }
+                Err(e) => errors.extend(e.errors().iter().cloned()),
+            }
+        }
+        if errors.is_empty() {
+            Ok(RuleSet {
+                domains,
+                fingerprint: fingerprint.finish(),
+            })
+        } else {
+            Err(LoadError::new(errors))
+        }
+    }
+
+    /// Loads a file, or every `.yaml`/`.yml` file under a directory. Names starting with `.` are
+    /// skipped, which skips Kubernetes' `..data` and `..2024_…` internals while still reading
+    /// the visible symlinks that point into them.
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
+        Self::load_all(std::slice::from_ref(&path.to_path_buf()))
+    }
+
+    /// Loads several files and directories as one set, as `sluice validate PATH...` does.
+    pub fn load_all(paths: &[PathBuf]) -> Result<Self, LoadError> {
+        let mut files = Vec::new();
+        let mut errors = Vec::new();
+        for path in paths {
+            collect_files(path, 0, true, &mut files, &mut errors);
+        }
+        let mut texts = Vec::with_capacity(files.len());
+        for file in files {
+            let name = file.display().to_string();
+            match fs::read_to_string(&file) {
+                Ok(text) => texts.push((name, text)),
+                Err(e) => errors.push(io_error(&name, &e)),
+            }
+        }
+        let loaded = Self::from_sources(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())));
+        match loaded {
+            Ok(set) if errors.is_empty() => Ok(set),
+            Ok(_) => Err(LoadError::new(errors)),
+            Err(e) => {
+                errors.extend(e.errors().iter().cloned());
+                Err(LoadError::new(errors))
+            }
+        }
+    }
+
+    /// The checks a request makes: for each descriptor that ends at a limited rule, one check
+    /// per limit, costing the descriptor's own cost or else `cost`. An unknown domain yields
+    /// nothing, as in envoyproxy/ratelimit.
+    pub fn checks<D: DescriptorEntries>(
+        &self,
+        domain: &str,
+        descriptors: &[D],
+        cost: u64,
+    ) -> Matches {
+        match self.domains.get(domain) {
+            Some(d) => match_request(d, descriptors, cost),
+            None => Matches::default(),
+        }
+    }
+
+    /// The domain's configuration as it was read.
+    pub fn domain(&self, name: &str) -> Option<&DomainConfig> {
+        self.domains.get(name).map(|d| &d.config)
+    }
+
+    /// Every domain name, sorted.
+    pub fn domain_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.domains.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// A hash of the source files; equal fingerprints mean the same files with the same text.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+}
+
+impl Default for RuleSet {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+fn io_error(name: &str, e: &std::io::Error) -> ConfigError {
+    ConfigError::new(
+        Location::start_of(Arc::from(name)),
+        ErrorKind::Io(e.to_string()),
+    )
+}
+
+fn is_rule_file(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    )
+}
+
+/// Adds `path`'s rule files, sorted by name so the load order (and so which of two duplicate
+/// domains is "first") does not depend on the file system.
+fn collect_files(
+    path: &Path,
+    depth: usize,
+    explicit: bool,
+    files: &mut Vec<PathBuf>,
+    errors: &mut Vec<ConfigError>,
+) {
+    let name = path.display().to_string();
+    // `metadata` follows symlinks: a Kubernetes file is a symlink into `..data`.
+    let meta = match fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) => {
+            errors.push(io_error(&name, &e));
+            return;
+        }
+    };
+    if meta.is_file() {
+        // A file named on the command line is read whatever its extension.
+        if explicit || is_rule_file(path) {
+            files.push(path.to_path_buf());
+        }
+        return;
+    }
+    if !meta.is_dir() || depth >= MAX_DIR_DEPTH {
+        return;
+    }
+    let entries = match fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(e) => {
+            errors.push(io_error(&name, &e));
+            return;
+        }
+    };
+    let mut children: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.path())
+        .collect();
+    children.sort();
+    for child in children {
+        collect_files(&child, depth + 1, false, files, errors);
+    }
+}
