@@ -3,8 +3,8 @@
 //! Algorithms never read a clock: they take `now` as an argument. Stores own a [`Clock`] and read
 //! it once per call. Tests use [`FakeClock`], which only moves when told to, so no test sleeps.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A point in time: nanoseconds since the Unix epoch.

@@ -21,8 +21,10 @@ pub enum PolicyError {
         what: &'static str,
     },
     /// A rate that refills nothing while the limit is not zero.
-    #[error("the rate is 0 per period but the limit is {limit}; a bucket that never refills is \
-             a quota, so use a fixed window, or set the limit to 0 to block outright")]
+    #[error(
+        "the rate is 0 per period but the limit is {limit}; a bucket that never refills is \
+             a quota, so use a fixed window, or set the limit to 0 to block outright"
+    )]
     ZeroRate {
         /// The limit that would never refill.
         limit: u64,
@@ -145,8 +147,10 @@ impl fmt::Display for Algorithm {
 
 /// The name given is not one of the six algorithms.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown algorithm `{0}`; expected one of token_bucket, gcra, leaky_queue, fixed_window, \
-         sliding_log, sliding_counter")]
+#[error(
+    "unknown algorithm `{0}`; expected one of token_bucket, gcra, leaky_queue, fixed_window, \
+         sliding_log, sliding_counter"
+)]
 pub struct UnknownAlgorithm(pub String);
 
 impl FromStr for Algorithm {
@@ -225,7 +229,14 @@ macro_rules! policy_from {
         })*
     };
 }
-policy_from!(TokenBucket, Gcra, LeakyQueue, FixedWindow, SlidingLog, SlidingCounter);
+policy_from!(
+    TokenBucket,
+    Gcra,
+    LeakyQueue,
+    FixedWindow,
+    SlidingLog,
+    SlidingCounter
+);
 
 /// Nanoseconds of a duration that must not be zero.
 pub(crate) fn nonzero_nanos(d: Duration, what: &'static str) -> Result<u64, PolicyError> {

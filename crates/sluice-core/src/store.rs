@@ -30,8 +30,10 @@ impl<'a> Check<'a> {
 pub enum StoreError {
     /// Every slot the key could take holds a counter that is limited and not yet expired, so the
     /// store cannot track a new key without resetting one. Transient: slots free as keys expire.
-    #[error("the store tracks its maximum of {max_keys} keys and all candidates for eviction are \
-             limited; raise the key limit, or wait for counters to expire")]
+    #[error(
+        "the store tracks its maximum of {max_keys} keys and all candidates for eviction are \
+             limited; raise the key limit, or wait for counters to expire"
+    )]
     Full {
         /// The store's configured key limit.
         max_keys: usize,
@@ -62,10 +64,17 @@ pub type StoreResult<T> = Result<T, StoreError>;
 pub trait Store: Send + Sync + 'static {
     /// Decides every check at once, atomically: either every check admits the request and all of
     /// them consume, or none consumes. Returns one decision per check, in order.
-    fn check(&self, checks: &[Check<'_>]) -> impl Future<Output = StoreResult<Vec<Decision>>> + Send;
+    fn check(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = StoreResult<Vec<Decision>>> + Send;
 
     /// The decision a cost-0 check would get, without creating or changing any state.
-    fn peek(&self, key: &str, policy: &Policy) -> impl Future<Output = StoreResult<Decision>> + Send;
+    fn peek(
+        &self,
+        key: &str,
+        policy: &Policy,
+    ) -> impl Future<Output = StoreResult<Decision>> + Send;
 
     /// Forgets the counter `key`, so its next request finds it full. Returns whether it existed.
     fn reset(&self, key: &str) -> impl Future<Output = StoreResult<bool>> + Send;
@@ -85,7 +94,8 @@ pub trait DynStore: Send + Sync + 'static {
     /// See [`Store::check`].
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, StoreResult<Vec<Decision>>>;
     /// See [`Store::peek`].
-    fn peek<'a>(&'a self, key: &'a str, policy: &'a Policy) -> BoxFuture<'a, StoreResult<Decision>>;
+    fn peek<'a>(&'a self, key: &'a str, policy: &'a Policy)
+    -> BoxFuture<'a, StoreResult<Decision>>;
     /// See [`Store::reset`].
     fn reset<'a>(&'a self, key: &'a str) -> BoxFuture<'a, StoreResult<bool>>;
     /// See [`Store::tracked_keys`].
@@ -97,7 +107,11 @@ impl<S: Store> DynStore for S {
         Box::pin(Store::check(self, checks))
     }
 
-    fn peek<'a>(&'a self, key: &'a str, policy: &'a Policy) -> BoxFuture<'a, StoreResult<Decision>> {
+    fn peek<'a>(
+        &'a self,
+        key: &'a str,
+        policy: &'a Policy,
+    ) -> BoxFuture<'a, StoreResult<Decision>> {
         Box::pin(Store::peek(self, key, policy))
     }
 

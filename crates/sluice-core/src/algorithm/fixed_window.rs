@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::policy::{nonzero_nanos, PolicyError};
+use crate::policy::{PolicyError, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
 /// Where fixed windows begin.
@@ -123,17 +123,26 @@ impl FixedWindow {
         let remaining = self.limit.saturating_sub(current.count);
         let need = cost.max(1);
         if need > self.limit {
-            return (current, Decision::deny(self.limit, remaining, to_end, Decision::NEVER));
+            return (
+                current,
+                Decision::deny(self.limit, remaining, to_end, Decision::NEVER),
+            );
         }
         if need > remaining {
-            return (current, Decision::deny(self.limit, remaining, to_end, to_end));
+            return (
+                current,
+                Decision::deny(self.limit, remaining, to_end, to_end),
+            );
         }
         let after = FixedWindowState {
             start: current.start,
             count: current.count + cost,
         };
-        let reset = if after.count == 0 { Duration::ZERO } else { to_end };
+        let reset = if after.count == 0 {
+            Duration::ZERO
+        } else {
+            to_end
+        };
         (after, Decision::allow(self.limit, remaining - cost, reset))
     }
 }
-

@@ -62,7 +62,10 @@ impl Gcra {
         let reset = Duration::from_nanos(backlog);
         let free = |backlog: u64| horizon.saturating_sub(backlog) / self.interval;
         if need > self.burst {
-            return (tat, Decision::deny(self.burst, free(backlog), reset, Decision::NEVER));
+            return (
+                tat,
+                Decision::deny(self.burst, free(backlog), reset, Decision::NEVER),
+            );
         }
         let wanted = backlog.saturating_add(need.saturating_mul(self.interval));
         if wanted > horizon {

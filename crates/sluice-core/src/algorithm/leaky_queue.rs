@@ -85,7 +85,10 @@ impl LeakyQueue {
         };
         let need = cost.max(1);
         if self.rate.amount() == 0 || need > limit {
-            return (next, Decision::deny(limit, free(delay), reset, Decision::NEVER));
+            return (
+                next,
+                Decision::deny(limit, free(delay), reset, Decision::NEVER),
+            );
         }
         let bound = self.admissible_delay(need);
         if delay > bound {
@@ -94,11 +97,7 @@ impl LeakyQueue {
         }
         let new_next = start.saturating_add(cost.saturating_mul(self.interval));
         let backlog = new_next - now_n;
-        let mut decision = Decision::allow(
-            limit,
-            free(backlog),
-            Duration::from_nanos(backlog),
-        );
+        let mut decision = Decision::allow(limit, free(backlog), Duration::from_nanos(backlog));
         decision.delay = Duration::from_nanos(delay);
         (Timestamp::from_nanos(new_next), decision)
     }

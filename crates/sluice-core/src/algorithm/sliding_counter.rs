@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::policy::{nonzero_nanos, Algorithm, PolicyError};
+use crate::policy::{Algorithm, PolicyError, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
 /// Sliding counter parameters.
@@ -151,7 +151,10 @@ impl SlidingCounter {
         let reset = self.reset_after(s, elapsed);
         let need = cost.max(1);
         if need > self.limit {
-            return (s, Decision::deny(self.limit, remaining, reset, Decision::NEVER));
+            return (
+                s,
+                Decision::deny(self.limit, remaining, reset, Decision::NEVER),
+            );
         }
         if need > remaining {
             let retry = self.retry_after(s, elapsed, need);

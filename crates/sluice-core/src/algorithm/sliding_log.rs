@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::policy::{nonzero_nanos, Algorithm, PolicyError};
+use crate::policy::{Algorithm, PolicyError, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
 /// Sliding log parameters.

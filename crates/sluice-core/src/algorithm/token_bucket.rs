@@ -97,7 +97,10 @@ impl TokenBucket {
         let need = cost.max(1);
         if need > self.capacity {
             let reset = self.time_until(s, now, self.capacity);
-            return (s, Decision::deny(self.capacity, s.tokens, reset, Decision::NEVER));
+            return (
+                s,
+                Decision::deny(self.capacity, s.tokens, reset, Decision::NEVER),
+            );
         }
         if s.tokens < need {
             let reset = self.time_until(s, now, self.capacity);

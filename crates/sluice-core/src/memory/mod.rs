@@ -271,7 +271,11 @@ impl<C: Clock> MemoryStore<C> {
             }
             return Ok(decisions);
         }
-        for ((c, (fp, s)), (update, d)) in checks.iter().zip(&keys).zip(updates.into_iter().zip(&decisions)) {
+        for ((c, (fp, s)), (update, d)) in checks
+            .iter()
+            .zip(&keys)
+            .zip(updates.into_iter().zip(&decisions))
+        {
             if let Some(update) = update {
                 self.commit(&mut guards[guard_of(*s)], *fp, c.policy, update, now, d);
             }
@@ -312,7 +316,14 @@ impl<C: Clock> MemoryStore<C> {
             }
             None => {
                 if let Some(state) = apply(policy, None, update, now) {
-                    shard.map.insert(fp, Entry { expires, limited, state });
+                    shard.map.insert(
+                        fp,
+                        Entry {
+                            expires,
+                            limited,
+                            state,
+                        },
+                    );
                 }
             }
         }
@@ -330,7 +341,9 @@ impl<C: Clock> MemoryStore<C> {
 
     /// When a counter left by decision `d` at `now` is full again, in stored form.
     fn expiry(&self, now: Timestamp, d: &Decision) -> u32 {
-        let at = now.saturating_add(d.reset_after).saturating_since(self.base);
+        let at = now
+            .saturating_add(d.reset_after)
+            .saturating_since(self.base);
         let secs = at.as_secs() + u64::from(at.subsec_nanos() > 0);
         u32::try_from(secs).unwrap_or(u32::MAX)
     }
@@ -344,7 +357,10 @@ impl<C: Clock> MemoryStore<C> {
 
     fn remove(&self, key: &str) -> bool {
         let fp = self.fingerprints.of(key);
-        lock(&self.shards[self.shard_of(fp)].0).map.remove(&fp).is_some()
+        lock(&self.shards[self.shard_of(fp)].0)
+            .map
+            .remove(&fp)
+            .is_some()
     }
 }
 

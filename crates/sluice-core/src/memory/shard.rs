@@ -92,3 +92,17 @@ impl Shard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_stay_compact() {
+        // A map slot is the 16-byte fingerprint plus the entry: 48 bytes, which keeps a tracked
+        // token-bucket or GCRA key near 100 bytes with the map's spare capacity included.
+        assert_eq!(std::mem::size_of::<State>(), 24);
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
+        assert_eq!(std::mem::size_of::<(Fingerprint, Entry)>(), 48);
+    }
+}

@@ -77,9 +77,10 @@ pub(crate) fn decide(
         (Policy::SlidingLog(p), Some(State::SlidingLog(log))) => {
             (Update::Record(cost), p.decide(log, now, cost))
         }
-        (Policy::SlidingLog(p), _) => {
-            (Update::Record(cost), p.decide(&SlidingLogState::default(), now, cost))
-        }
+        (Policy::SlidingLog(p), _) => (
+            Update::Record(cost),
+            p.decide(&SlidingLogState::default(), now, cost),
+        ),
     }
 }
 
