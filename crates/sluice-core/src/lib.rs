@@ -45,6 +45,7 @@ pub mod algorithm;
 mod arith;
 mod clock;
 mod decision;
+mod fallback;
 mod memory;
 mod policy;
 mod store;
@@ -57,6 +58,7 @@ pub use algorithm::{
 };
 pub use clock::{Clock, FakeClock, SystemClock, Timestamp};
 pub use decision::Decision;
+pub use fallback::{OnStoreError, UnknownOnStoreError, decide_without_store};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use policy::{Algorithm, Policy, PolicyError, Rate, UnknownAlgorithm};
 pub use store::{BoxFuture, Check, DynStore, Store, StoreError, StoreResult};

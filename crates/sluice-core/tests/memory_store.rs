@@ -268,3 +268,40 @@ fn a_clock_stepping_back_gives_nothing_away() {
             .allowed
     );
 }
+
+#[tokio::test]
+async fn without_a_store_each_check_follows_its_mode() {
+    use sluice_core::{OnStoreError, decide_without_store};
+    let (_, local) = frozen_store();
+    let policy = per_hour(2);
+    let checks = [Check::new("a", &policy, 1), Check::new("b", &policy, 1)];
+    let retry = Duration::from_millis(500);
+
+    let allow_local = [OnStoreError::Allow, OnStoreError::Local];
+    for expected in [true, true, false] {
+        let ds = decide_without_store(&checks, &allow_local, &local, retry).await;
+        assert!(ds[0].allowed);
+        assert_eq!(ds[1].allowed, expected, "local limiting counts in memory");
+    }
+
+    let deny_local = [OnStoreError::Deny, OnStoreError::Local];
+    let ds = decide_without_store(&checks, &deny_local, &local, retry).await;
+    assert!(!ds[0].allowed);
+    assert_eq!(ds[0].retry_after, retry);
+    assert_eq!(
+        local
+            .check_one(Check::new("b", &policy, 0))
+            .unwrap()
+            .remaining,
+        0
+    );
+    let fresh = [Check::new("a", &policy, 1), Check::new("c", &policy, 1)];
+    decide_without_store(&fresh, &deny_local, &local, retry).await;
+    let c = local.check_one(Check::new("c", &policy, 0)).unwrap();
+    assert_eq!(c.remaining, 2, "a denied request consumes nothing locally");
+    assert_eq!(
+        "local".parse::<OnStoreError>().unwrap(),
+        OnStoreError::Local
+    );
+    assert!("fail-open".parse::<OnStoreError>().is_err());
+}
