@@ -97,6 +97,9 @@ pub(crate) fn decode_file(file: &Arc<str>, text: &str) -> Result<DomainConfig, L
 /// The fields of one mapping, checked against the names it accepts.
 struct Fields<'n> {
     entries: Vec<(&'static str, &'n Node)>,
+    /// Whether the mapping held an unknown field. A misspelled field is then likely the
+    /// "missing" one, so missing-field errors are not reported on top of it.
+    had_unknown: bool,
 }
 
 impl<'n> Fields<'n> {
@@ -159,6 +162,7 @@ impl Decoder {
         };
         let mut fields = Fields {
             entries: Vec::with_capacity(entries.len()),
+            had_unknown: false,
         };
         let mut first_lines: HashMap<&'static str, usize> = HashMap::new();
         for (key, value) in entries {
@@ -174,6 +178,7 @@ impl Decoder {
                     expected,
                 };
                 self.error(key, kind);
+                fields.had_unknown = true;
                 continue;
             };
             if let Some(first_line) = first_lines.get(name) {
@@ -188,6 +193,19 @@ impl Decoder {
             fields.entries.push((name, value));
         }
         Some(fields)
+    }
+
+    /// Reports a missing field, unless the mapping's unknown field already explains it.
+    fn missing(
+        &mut self,
+        fields: &Fields<'_>,
+        node: &Node,
+        field: &'static str,
+        context: &'static str,
+    ) {
+        if !fields.had_unknown {
+            self.error(node, ErrorKind::MissingField { field, context });
+        }
     }
 
     /// A string: any scalar, as YAML reads `value: 123` into a string field.
@@ -301,11 +319,7 @@ impl Decoder {
         let name = match name_node {
             Some(n) => self.name("domain", n),
             None => {
-                let kind = ErrorKind::MissingField {
-                    field: "domain",
-                    context: "a rule file",
-                };
-                self.error(root, kind);
+                self.missing(&fields, root, "domain", "a rule file");
                 None
             }
         };
@@ -364,11 +378,7 @@ impl Decoder {
         let key = match fields.get("key") {
             Some(n) => self.name("key", n),
             None => {
-                let kind = ErrorKind::MissingField {
-                    field: "key",
-                    context: "a descriptor",
-                };
-                self.error(node, kind);
+                self.missing(&fields, node, "key", "a descriptor");
                 None
             }
         };
@@ -522,11 +532,12 @@ impl Decoder {
             (Some(u), None) => self.unit(u).map(|unit| (unit.duration(), u)),
             (None, Some(w)) => self.duration("window", w).map(|d| (d, w)),
             (None, None) => {
-                let kind = ErrorKind::MissingField {
-                    field: "unit",
-                    context: "a limit (or `window`, or `unlimited: true`)",
-                };
-                self.error(node, kind);
+                self.missing(
+                    &fields,
+                    node,
+                    "unit",
+                    "a limit (or `window`, or `unlimited: true`)",
+                );
                 None
             }
         };
@@ -534,11 +545,7 @@ impl Decoder {
         let requests = match rpu_node {
             Some(n) => self.uint("requests_per_unit", n),
             None => {
-                let kind = ErrorKind::MissingField {
-                    field: "requests_per_unit",
-                    context: "a limit",
-                };
-                self.error(node, kind);
+                self.missing(&fields, node, "requests_per_unit", "a limit");
                 None
             }
         };
@@ -636,11 +643,7 @@ impl Decoder {
                     match f.get("name") {
                         Some(n) => self.name("name", n),
                         None => {
-                            let kind = ErrorKind::MissingField {
-                                field: "name",
-                                context: "a replaces entry",
-                            };
-                            self.error(item, kind);
+                            self.missing(&f, item, "name", "a replaces entry");
                             None
                         }
                     }

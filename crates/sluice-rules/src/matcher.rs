@@ -90,6 +90,18 @@ pub trait DescriptorEntries {
     }
 }
 
+impl<T: DescriptorEntries + ?Sized> DescriptorEntries for &T {
+    fn entry_count(&self) -> usize {
+        (**self).entry_count()
+    }
+    fn entry(&self, i: usize) -> (&str, &str) {
+        (**self).entry(i)
+    }
+    fn cost(&self) -> Option<u64> {
+        (**self).cost()
+    }
+}
+
 impl<K: AsRef<str>, V: AsRef<str>> DescriptorEntries for [(K, V)] {
     fn entry_count(&self) -> usize {
         self.len()

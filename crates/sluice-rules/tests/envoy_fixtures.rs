@@ -1,0 +1,278 @@
+//! Envoy-style rule files load and match as envoyproxy/ratelimit's documentation describes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice_core::{Alignment, FakeClock, MemoryStore, Policy, Store, Timestamp};
+use sluice_rules::{Action, MatchedCheck, Matches, RuleSet};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/envoy")
+}
+
+fn rules() -> RuleSet {
+    RuleSet::load(&fixtures()).unwrap_or_else(|e| panic!("fixtures must load:\n{e}"))
+}
+
+fn one(rules: &RuleSet, domain: &str, entries: &[(&str, &str)]) -> Matches {
+    rules.checks(domain, &[entries], 1)
+}
+
+/// The (limit, window) of a single matched fixed-window limit aligned on the epoch.
+fn epoch_window(check: &MatchedCheck) -> (u64, Duration) {
+    match &*check.rule.policy {
+        Policy::FixedWindow(p) => {
+            assert_eq!(p.alignment(), Alignment::Clock { utc_offset_secs: 0 });
+            (p.limit(), p.window())
+        }
+        other => panic!("Envoy limits are epoch-aligned fixed windows, got {other:?}"),
+    }
+}
+
+fn only(m: &Matches) -> &MatchedCheck {
+    assert_eq!(m.checks.len(), 1, "{m:#?}");
+    &m.checks[0]
+}
+
+#[test]
+fn a_directory_loads_as_a_set_of_domains() {
+    assert_eq!(
+        rules().domain_names(),
+        ["accounts", "edge_proxy", "paths", "units"]
+    );
+}
+
+#[test]
+fn every_unit_is_a_fixed_epoch_window_with_envoys_lengths() {
+    let rules = rules();
+    let day = 86_400;
+    let expected = [
+        ("second", 1, 1),
+        ("minute", 2, 60),
+        ("hour", 3, 3_600),
+        ("day", 4, day),
+        ("week", 5, 7 * day),
+        ("month", 6, 30 * day),
+        ("year", 7, 365 * day),
+    ];
+    for (unit, limit, secs) in expected {
+        let m = one(&rules, "units", &[("unit", unit)]);
+        assert_eq!(
+            epoch_window(only(&m)),
+            (limit, Duration::from_secs(secs)),
+            "{unit}"
+        );
+    }
+}
+
+#[test]
+fn key_only_rules_count_each_value_apart() {
+    let rules = rules();
+    let a = one(&rules, "edge_proxy", &[("remote_address", "10.0.0.1")]);
+    let b = one(&rules, "edge_proxy", &[("remote_address", "10.0.0.2")]);
+    assert_eq!(epoch_window(only(&a)), (60, Duration::from_secs(60)));
+    assert_ne!(only(&a).key, only(&b).key);
+    assert!(
+        only(&a)
+            .key
+            .starts_with("{edge_proxy|remote_address=10.0.0.1}:")
+    );
+}
+
+#[test]
+fn nested_rules_apply_where_the_descriptor_ends() {
+    let rules = rules();
+    let route = one(&rules, "edge_proxy", &[("route", "checkout")]);
+    assert_eq!(epoch_window(only(&route)), (100, Duration::from_secs(1)));
+
+    let tenant = one(
+        &rules,
+        "edge_proxy",
+        &[("route", "checkout"), ("tenant", "globex")],
+    );
+    assert_eq!(
+        epoch_window(only(&tenant)),
+        (1000, Duration::from_secs(3600))
+    );
+
+    // The value-specific sibling wins over the key-only one.
+    let acme = one(
+        &rules,
+        "edge_proxy",
+        &[("route", "checkout"), ("tenant", "acme")],
+    );
+    assert_eq!(
+        epoch_window(only(&acme)),
+        (50_000, Duration::from_secs(3600))
+    );
+
+    // A route other than checkout falls to the key-only route rule, which has no limit itself...
+    assert!(
+        one(&rules, "edge_proxy", &[("route", "search")])
+            .checks
+            .is_empty()
+    );
+    // ...but limits its POSTs.
+    let post = one(
+        &rules,
+        "edge_proxy",
+        &[("route", "search"), ("method", "POST")],
+    );
+    assert_eq!(epoch_window(only(&post)), (20, Duration::from_secs(86_400)));
+    // The walk does not backtrack: checkout picked the exact rule, which has no `method` child.
+    assert!(
+        one(
+            &rules,
+            "edge_proxy",
+            &[("route", "checkout"), ("method", "POST")]
+        )
+        .checks
+        .is_empty()
+    );
+}
+
+#[test]
+fn descriptors_longer_or_shorter_than_the_rules_are_not_limited() {
+    let rules = rules();
+    let longer = [("remote_address", "10.0.0.1"), ("path", "/")];
+    assert!(one(&rules, "edge_proxy", &longer).checks.is_empty());
+    assert!(
+        one(&rules, "edge_proxy", &[("method", "POST")])
+            .checks
+            .is_empty()
+    );
+    assert!(one(&rules, "edge_proxy", &[]).checks.is_empty());
+}
+
+#[test]
+fn unknown_domains_and_keys_are_not_limited() {
+    let rules = rules();
+    assert!(
+        one(&rules, "nope", &[("remote_address", "x")])
+            .checks
+            .is_empty()
+    );
+    assert!(
+        one(&rules, "edge_proxy", &[("unknown", "x")])
+            .checks
+            .is_empty()
+    );
+}
+
+#[test]
+fn wildcards_match_prefixes_longest_first_and_exact_values_win() {
+    let rules = rules();
+    let v1 = one(&rules, "paths", &[("path", "/api/v1/orders")]);
+    assert_eq!(epoch_window(only(&v1)).0, 30);
+    let admin = one(&rules, "paths", &[("path", "/api/v1/admin/users")]);
+    assert_eq!(epoch_window(only(&admin)).0, 5);
+    let health = one(&rules, "paths", &[("path", "/api/v1/health")]);
+    assert!(health.checks.is_empty());
+    assert_eq!(health.unlimited, [0]);
+    let other = one(&rules, "paths", &[("path", "/about")]);
+    assert_eq!(epoch_window(only(&other)).0, 10);
+    // Without share_threshold, each value matched by a wildcard has its own counter.
+    let v2 = one(&rules, "paths", &[("path", "/api/v1/users")]);
+    assert_ne!(only(&v1).key, only(&v2).key);
+}
+
+#[test]
+fn share_threshold_gives_every_wildcard_value_one_counter() {
+    let rules = rules();
+    let a = one(&rules, "paths", &[("path", "/static/app.js")]);
+    let b = one(&rules, "paths", &[("path", "/static/img/logo.png")]);
+    assert_eq!(only(&a).key, only(&b).key);
+    assert!(only(&a).key.starts_with("{paths|path=/static/*}:"));
+    // A literal value `/static/*` cannot collide with the shared pattern.
+    let literal = one(&rules, "paths", &[("path", "/static/*")]);
+    assert_eq!(
+        only(&literal).key,
+        only(&a).key,
+        "it matches the wildcard, so it shares"
+    );
+    let lookalike = one(&rules, "paths", &[("path", "/static*")]);
+    assert_eq!(epoch_window(only(&lookalike)).0, 10);
+    assert!(only(&lookalike).key.contains("path=/static%2A}"));
+}
+
+#[test]
+fn replaces_removes_the_named_limit_from_the_request() {
+    let rules = rules();
+    let account = [("account", "a1")];
+    let gold = [("account", "a1"), ("tier", "gold")];
+    let silver = [("account", "a1"), ("tier", "silver")];
+
+    let m = rules.checks("accounts", &[&account[..], &gold[..]], 1);
+    assert_eq!(epoch_window(only(&m)).0, 5000);
+    assert_eq!(only(&m).descriptor, 1);
+
+    let m = rules.checks("accounts", &[&account[..], &silver[..]], 1);
+    assert_eq!(epoch_window(only(&m)).0, 100);
+    assert_eq!(only(&m).rule.name.as_deref(), Some("per_account"));
+}
+
+#[test]
+fn shadow_mode_and_detailed_metric_are_carried_to_the_check() {
+    let rules = rules();
+    let m = one(&rules, "accounts", &[("experiment", "stricter_search")]);
+    let rule = &only(&m).rule;
+    assert!(rule.shadow);
+    assert!(rule.detailed_metric);
+    assert_eq!(rule.action, Action::Reject);
+    assert_eq!(&*rule.path, "accounts/experiment=stricter_search");
+    let m = one(&rules, "accounts", &[("account", "a1")]);
+    assert!(!only(&m).rule.shadow);
+}
+
+#[test]
+fn unlimited_yields_no_check() {
+    let rules = rules();
+    let m = one(&rules, "accounts", &[("user", "ops-bot")]);
+    assert!(m.checks.is_empty());
+    assert_eq!(m.unlimited, [0]);
+}
+
+#[test]
+fn costs_come_from_the_descriptor_or_the_request() {
+    let rules = rules();
+    let own = sluice_rules::Descriptor {
+        entries: vec![("account".into(), "a1".into())],
+        cost: Some(7),
+    };
+    let plain = sluice_rules::Descriptor {
+        entries: vec![("account".into(), "a2".into())],
+        cost: None,
+    };
+    let m = rules.checks("accounts", &[own, plain], 3);
+    assert_eq!(m.checks.iter().map(|c| c.cost).collect::<Vec<_>>(), [7, 3]);
+}
+
+/// The matched checks go straight into a store: Envoy's windows are aligned on the epoch, and
+/// `requests_per_unit: 0` blocks outright.
+#[test]
+fn matched_checks_decide_in_a_store_like_envoy() {
+    let rules = rules();
+    // 30 seconds into a minute.
+    let clock = FakeClock::at(Timestamp::from_secs(1_700_000_010));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let m = one(&rules, "edge_proxy", &[("remote_address", "10.1.1.1")]);
+        let checks: Vec<_> = m.checks.iter().map(MatchedCheck::as_check).collect();
+        for _ in 0..60 {
+            assert!(store.check(&checks).await.unwrap()[0].allowed);
+        }
+        let denied = store.check(&checks).await.unwrap()[0];
+        assert!(!denied.allowed);
+        // The window ends on the minute, not 60s after the first request.
+        assert_eq!(denied.retry_after, Duration::from_secs(30));
+        clock.advance(Duration::from_secs(30));
+        assert!(store.check(&checks).await.unwrap()[0].allowed);
+
+        let banned = one(&rules, "accounts", &[("user", "banned-user")]);
+        let checks: Vec<_> = banned.checks.iter().map(MatchedCheck::as_check).collect();
+        assert!(!store.check(&checks).await.unwrap()[0].allowed);
+    });
+}
