@@ -140,8 +140,8 @@ proptest! {
         let keys: Vec<&str> = keys.into_iter().collect();
         nest(&mut text, 0, &keys);
         let rules = RuleSet::parse("p.yaml", &text).unwrap();
-        let ka = rules.checks("d", &[a.clone()], 1);
-        let kb = rules.checks("d", &[b.clone()], 1);
+        let ka = rules.checks("d", std::slice::from_ref(&a), 1);
+        let kb = rules.checks("d", std::slice::from_ref(&b), 1);
         prop_assert_eq!(ka.checks.len(), 1, "{:?}", a);
         prop_assert_eq!(kb.checks.len(), 1, "{:?}", b);
         prop_assert_ne!(&ka.checks[0].key, &kb.checks[0].key);
