@@ -1,0 +1,228 @@
+//! The rate-limit response fields: the IETF `RateLimit-Policy` and `RateLimit` fields, the
+//! legacy `X-RateLimit-*` trio, and `Retry-After`.
+
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::HeaderValue;
+use http::header::{HeaderName, RETRY_AFTER};
+use sluice_core::{Decision, Policy};
+
+/// Which rate-limit fields an answer carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// The IETF `RateLimit-Policy` and `RateLimit` structured fields.
+    #[default]
+    Ietf,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`, as many clients
+    /// still expect.
+    Legacy,
+    /// Both sets.
+    Both,
+    /// Neither; a refusal still carries `Retry-After`.
+    None,
+}
+
+impl FromStr for HeaderStyle {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ietf" => Ok(HeaderStyle::Ietf),
+            "legacy" => Ok(HeaderStyle::Legacy),
+            "both" => Ok(HeaderStyle::Both),
+            "none" => Ok(HeaderStyle::None),
+            other => Err(format!(
+                "unknown header style `{other}`; expected ietf, legacy, both or none"
+            )),
+        }
+    }
+}
+
+/// One limit that applied to a request, with its decision.
+#[derive(Debug, Clone, Copy)]
+pub struct Quota<'a> {
+    /// The policy's name in the fields: the rule's name or path.
+    pub name: &'a str,
+    /// The policy, for its window.
+    pub policy: &'a Policy,
+    /// What the store decided.
+    pub decision: &'a Decision,
+}
+
+impl<'a> Quota<'a> {
+    /// A quota named `name`.
+    pub fn new(name: &'a str, policy: &'a Policy, decision: &'a Decision) -> Self {
+        Quota {
+            name,
+            policy,
+            decision,
+        }
+    }
+}
+
+/// Whole seconds, rounded up, so a client that waits that long is never early.
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The `Retry-After` value for a refusal: whole seconds, at least 1. `None` when the request can
+/// never pass (its cost exceeds the limit), where any number would mislead.
+pub fn retry_after_secs(decision: &Decision) -> Option<u64> {
+    if decision.allowed || decision.is_permanent_denial() {
+        return None;
+    }
+    Some(ceil_secs(decision.retry_after).max(1))
+}
+
+/// Writes `name` as a structured-field string: quotes and backslashes escaped, anything outside
+/// printable ASCII replaced, so a rule name can never break the header.
+fn push_sf_string(out: &mut String, name: &str) {
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+}
+
+/// The headers for a request that `quotas` applied to, in `style`. The legacy fields describe
+/// the most restrictive quota; the IETF fields list every one. A refusal also gets
+/// `Retry-After`.
+pub fn rate_limit_headers(
+    quotas: &[Quota<'_>],
+    style: HeaderStyle,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::with_capacity(4);
+    let Some(tightest) = quotas.iter().copied().reduce(|a, b| {
+        if *a.decision == a.decision.most_restrictive(*b.decision) {
+            a
+        } else {
+            b
+        }
+    }) else {
+        return out;
+    };
+    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        let (mut policy, mut state) = (String::new(), String::new());
+        for (i, q) in quotas.iter().enumerate() {
+            if i > 0 {
+                policy.push_str(", ");
+                state.push_str(", ");
+            }
+            push_sf_string(&mut policy, q.name);
+            let _ = write!(
+                policy,
+                ";q={};w={}",
+                q.decision.limit,
+                ceil_secs(q.policy.window())
+            );
+            push_sf_string(&mut state, q.name);
+            let _ = write!(
+                state,
+                ";r={};t={}",
+                q.decision.remaining,
+                ceil_secs(q.decision.reset_after)
+            );
+        }
+        push(&mut out, "ratelimit-policy", policy);
+        push(&mut out, "ratelimit", state);
+    }
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        let d = tightest.decision;
+        push(&mut out, "x-ratelimit-limit", d.limit.to_string());
+        push(&mut out, "x-ratelimit-remaining", d.remaining.to_string());
+        push(
+            &mut out,
+            "x-ratelimit-reset",
+            ceil_secs(d.reset_after).to_string(),
+        );
+    }
+    if let Some(secs) = retry_after_secs(tightest.decision) {
+        out.push((RETRY_AFTER, HeaderValue::from(secs)));
+    }
+    out
+}
+
+fn push(out: &mut Vec<(HeaderName, HeaderValue)>, name: &'static str, value: String) {
+    // Every value built here is printable ASCII, so the conversion cannot fail; skip rather
+    // than panic should that ever change.
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        out.push((HeaderName::from_static(name), v));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::{Alignment, FixedWindow, Rate, TokenBucket};
+
+    fn decision(allowed: bool, remaining: u64, reset_ms: u64, retry_ms: u64) -> Decision {
+        Decision {
+            allowed,
+            limit: 10,
+            remaining,
+            reset_after: Duration::from_millis(reset_ms),
+            retry_after: Duration::from_millis(retry_ms),
+            delay: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn ietf_fields_list_every_quota_and_legacy_the_tightest() {
+        let burst = Policy::from(TokenBucket::new(10, Rate::per_second(10)).unwrap());
+        let day = Policy::from(
+            FixedWindow::new(10, Duration::from_secs(86_400), Alignment::FirstRequest).unwrap(),
+        );
+        let (a, b) = (
+            decision(true, 9, 100, 0),
+            decision(false, 0, 7_200_000, 3_600_500),
+        );
+        let quotas = [
+            Quota::new("burst", &burst, &a),
+            Quota::new("da\"y", &day, &b),
+        ];
+        let headers = rate_limit_headers(&quotas, HeaderStyle::Both);
+        let get = |n: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == n)
+                .map(|(_, v)| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(
+            get("ratelimit-policy").unwrap(),
+            r#""burst";q=10;w=1, "da\"y";q=10;w=86400"#
+        );
+        assert_eq!(
+            get("ratelimit").unwrap(),
+            r#""burst";r=9;t=1, "da\"y";r=0;t=7200"#
+        );
+        assert_eq!(get("x-ratelimit-remaining").unwrap(), "0");
+        assert_eq!(get("x-ratelimit-reset").unwrap(), "7200");
+        assert_eq!(get("retry-after").unwrap(), "3601");
+    }
+
+    #[test]
+    fn no_quota_means_no_fields_and_never_means_no_retry_after() {
+        assert!(rate_limit_headers(&[], HeaderStyle::Both).is_empty());
+        let p = Policy::from(TokenBucket::new(1, Rate::per_second(1)).unwrap());
+        let never = Decision {
+            retry_after: Decision::NEVER,
+            ..decision(false, 0, 0, 0)
+        };
+        let headers = rate_limit_headers(&[Quota::new("x", &p, &never)], HeaderStyle::None);
+        assert!(headers.is_empty());
+        assert_eq!(
+            "legacy".parse::<HeaderStyle>().unwrap(),
+            HeaderStyle::Legacy
+        );
+        assert!("bogus".parse::<HeaderStyle>().is_err());
+    }
+}

@@ -1,0 +1,122 @@
+//! Envoy's rate-limit protocol types, and the mapping between them and a [`Verdict`].
+//!
+//! Shared by the gRPC service and the HTTP `/json` endpoint, which carries the same messages in
+//! JSON, so the two cannot drift apart.
+
+use std::time::Duration;
+
+pub use envoy_types::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest, RateLimitResponse,
+    rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as EnvoyUnit},
+};
+use sluice_rules::Unit;
+
+use crate::limiter::{LimitOverride, LimitRequest, RequestDescriptor, Verdict};
+
+/// The Envoy unit whose length is exactly `window`, or `Unknown` for Sluice's free windows.
+pub fn envoy_unit(window: Duration) -> EnvoyUnit {
+    match Unit::ALL.into_iter().find(|u| u.duration() == window) {
+        Some(Unit::Second) => EnvoyUnit::Second,
+        Some(Unit::Minute) => EnvoyUnit::Minute,
+        Some(Unit::Hour) => EnvoyUnit::Hour,
+        Some(Unit::Day) => EnvoyUnit::Day,
+        Some(Unit::Week) => EnvoyUnit::Week,
+        Some(Unit::Month) => EnvoyUnit::Month,
+        Some(Unit::Year) => EnvoyUnit::Year,
+        None => EnvoyUnit::Unknown,
+    }
+}
+
+fn unit_from_envoy(unit: i32) -> Option<Unit> {
+    Some(match EnvoyUnit::try_from(unit).ok()? {
+        EnvoyUnit::Second => Unit::Second,
+        EnvoyUnit::Minute => Unit::Minute,
+        EnvoyUnit::Hour => Unit::Hour,
+        EnvoyUnit::Day => Unit::Day,
+        EnvoyUnit::Week => Unit::Week,
+        EnvoyUnit::Month => Unit::Month,
+        EnvoyUnit::Year => Unit::Year,
+        EnvoyUnit::Unknown => return None,
+    })
+}
+
+/// A protocol request as a [`LimitRequest`]. `hits_addend` 0 or unset counts as 1, as the proto
+/// says; a descriptor's own `hits_addend`, when present, overrides it, and a present 0 checks
+/// without consuming.
+pub fn to_limit_request(req: RateLimitRequest) -> Result<LimitRequest, String> {
+    let mut descriptors =
+        Vec::with_capacity(req.descriptors.len().min(crate::limits::MAX_DESCRIPTORS));
+    for (i, d) in req.descriptors.into_iter().enumerate() {
+        let limit_override = match d.limit {
+            Some(o) => Some(LimitOverride {
+                requests_per_unit: u64::from(o.requests_per_unit),
+                unit: unit_from_envoy(o.unit).ok_or_else(|| {
+                    format!(
+                        "`descriptors[{i}].limit.unit` is {}, not a known unit",
+                        o.unit
+                    )
+                })?,
+            }),
+            None => None,
+        };
+        descriptors.push(RequestDescriptor {
+            entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+            cost: d.hits_addend.map(|h| h.value),
+            limit_override,
+        });
+    }
+    Ok(LimitRequest {
+        domain: req.domain,
+        descriptors,
+        cost: u64::from(req.hits_addend).max(1),
+    })
+}
+
+/// A [`Verdict`] as Envoy's response, for `descriptors` descriptors. A descriptor refused only
+/// by a shadow (or soft) limit reads `OK` with nothing remaining, as envoyproxy/ratelimit
+/// answers in shadow mode.
+pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
+    let statuses = (0..descriptors)
+        .map(|i| match verdict.tightest(i) {
+            None => DescriptorStatus {
+                code: Code::Ok as i32,
+                ..Default::default()
+            },
+            Some(c) => {
+                let over = c.enforced() && !c.decision.allowed;
+                DescriptorStatus {
+                    code: if over { Code::OverLimit } else { Code::Ok } as i32,
+                    current_limit: Some(RateLimit {
+                        name: c
+                            .rule
+                            .as_ref()
+                            .and_then(|r| r.name.as_deref())
+                            .unwrap_or_default()
+                            .to_owned(),
+                        requests_per_unit: u32::try_from(c.decision.limit).unwrap_or(u32::MAX),
+                        unit: envoy_unit(c.policy.window()) as i32,
+                    }),
+                    limit_remaining: u32::try_from(c.decision.remaining).unwrap_or(u32::MAX),
+                    duration_until_reset: Some(proto_duration(c.decision.reset_after)),
+                    ..Default::default()
+                }
+            }
+        })
+        .collect();
+    RateLimitResponse {
+        overall_code: if verdict.allowed {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        } as i32,
+        statuses,
+        ..Default::default()
+    }
+}
+
+fn proto_duration(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
+    envoy_types::pb::google::protobuf::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}

@@ -1,0 +1,65 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use sluice_http::{HeaderStyle, Quota, rate_limit_headers};
+use tonic::{Request, Response, Status};
+
+use crate::envoy::{RateLimitRequest, RateLimitResponse, to_limit_request, to_response};
+use crate::limiter::Limiter;
+
+/// The gRPC rate-limit service.
+#[derive(Debug, Clone)]
+pub struct RlsService {
+    limiter: Arc<Limiter>,
+    /// Which rate-limit headers to ask Envoy to add to the client's response.
+    headers: HeaderStyle,
+}
+
+impl RlsService {
+    /// A service deciding with `limiter`, adding `headers` to responses.
+    pub fn new(limiter: Arc<Limiter>, headers: HeaderStyle) -> Self {
+        RlsService { limiter, headers }
+    }
+
+    /// The tonic server for this service.
+    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self).max_decoding_message_size(crate::limits::MAX_BODY)
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let request = to_limit_request(request.into_inner()).map_err(Status::invalid_argument)?;
+        let verdict = self
+            .limiter
+            .decide(&request)
+            .await
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut response = to_response(&verdict, request.descriptors.len());
+        if self.headers != HeaderStyle::None {
+            let quotas: Vec<Quota<'_>> = verdict
+                .checks
+                .iter()
+                .map(|c| Quota::new(&c.name, &c.policy, &c.decision))
+                .collect();
+            response.response_headers_to_add = rate_limit_headers(&quotas, self.headers)
+                .into_iter()
+                .map(|(k, v)| HeaderValue {
+                    key: k.as_str().to_owned(),
+                    value: v.to_str().unwrap_or_default().to_owned(),
+                    ..Default::default()
+                })
+                .collect();
+        }
+        Ok(Response::new(response))
+    }
+}

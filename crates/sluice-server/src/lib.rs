@@ -1,0 +1,216 @@
+//! The Sluice service: Envoy's rate-limit gRPC protocol, an HTTP JSON API, metrics and admin,
+//! over one [`Limiter`].
+//!
+//! The binary (`sluice serve`) is a thin wrapper around [`Server::start`], which tests call too:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use sluice_server::{ServeOptions, Server};
+//! let options = ServeOptions::new(vec!["examples/rules.yaml".into()]);
+//! let server = Server::start(options).await?;
+//! println!("HTTP on {}, gRPC on {}", server.http_addr(), server.grpc_addr());
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod api;
+pub mod envoy;
+pub mod grpc;
+pub mod limiter;
+pub mod limits;
+pub mod metrics;
+pub mod problem;
+pub mod store_url;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_http::HeaderStyle;
+use sluice_rules::{LoadError, Reloader};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use limiter::{LimitRequest, Limiter, RequestDescriptor, Verdict};
+pub use metrics::{Metrics, Outcome};
+
+/// How to run the service.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Rule files or directories.
+    pub config: Vec<PathBuf>,
+    /// Where the HTTP API listens.
+    pub http_addr: SocketAddr,
+    /// Where the gRPC service listens.
+    pub grpc_addr: SocketAddr,
+    /// The store URL: `memory`, or what later stores accept.
+    pub store: String,
+    /// The bearer token that opens the admin endpoints to non-loopback peers.
+    pub admin_token: Option<String>,
+    /// Rate-limit headers on `/v1/check` answers.
+    pub http_headers: HeaderStyle,
+    /// Rate-limit headers Envoy is asked to add (`response_headers_to_add`).
+    pub grpc_headers: HeaderStyle,
+    /// How long rule files must be quiet before a change is reloaded.
+    pub reload_debounce: Duration,
+}
+
+impl ServeOptions {
+    /// Defaults, on loopback ports 8080 (HTTP) and 8081 (gRPC), with the memory store.
+    pub fn new(config: Vec<PathBuf>) -> Self {
+        ServeOptions {
+            config,
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            store: "memory".to_owned(),
+            admin_token: None,
+            http_headers: HeaderStyle::Ietf,
+            grpc_headers: HeaderStyle::None,
+            reload_debounce: Duration::from_millis(250),
+        }
+    }
+}
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The rules are invalid; the error names every `file:line:col`.
+    #[error("invalid rules:\n{0}")]
+    Rules(#[from] LoadError),
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] store_url::StoreUrlError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The rule files cannot be watched.
+    #[error("cannot watch the rule files for changes: {0}")]
+    Watch(String),
+}
+
+/// A running service.
+#[derive(Debug)]
+pub struct Server {
+    http_addr: SocketAddr,
+    grpc_addr: SocketAddr,
+    limiter: Arc<Limiter>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    _watcher: sluice_rules::Watcher,
+}
+
+impl Server {
+    /// Loads the rules, opens the store, binds both listeners and starts serving.
+    pub async fn start(options: ServeOptions) -> Result<Server, StartError> {
+        let reloader = Reloader::new(options.config.clone())?;
+        let watcher = reloader
+            .watch(options.reload_debounce)
+            .map_err(|e| StartError::Watch(e.to_string()))?;
+        let store = store_url::open(&options.store).await?;
+        let limiter = Arc::new(Limiter::new(reloader, store, Arc::new(Metrics::new())));
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Bind { addr, source })
+        };
+        let http = bind(options.http_addr).await?;
+        let grpc = bind(options.grpc_addr).await?;
+        let (http_addr, grpc_addr) = (
+            local(&http, options.http_addr),
+            local(&grpc, options.grpc_addr),
+        );
+        let (stop, stopped) = watch::channel(false);
+
+        let state = api::ApiState {
+            limiter: limiter.clone(),
+            admin_token: options.admin_token.map(Arc::from),
+            headers: options.http_headers,
+        };
+        let app = api::router(state).into_make_service_with_connect_info::<SocketAddr>();
+        let mut http_stop = stopped.clone();
+        let http_task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = http_stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = axum::serve(http, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+            {
+                tracing::error!(error = %e, "HTTP server failed");
+            }
+        });
+
+        let (health_reporter, health) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<grpc::RlsService>>()
+            .await;
+        let rls = grpc::RlsService::new(limiter.clone(), options.grpc_headers).into_server();
+        let mut grpc_stop = stopped.clone();
+        let grpc_task = tokio::spawn(async move {
+            let incoming = tokio_stream_listener(grpc);
+            let shutdown = async move {
+                let _ = grpc_stop.wait_for(|s| *s).await;
+            };
+            let served = tonic::transport::Server::builder()
+                .add_service(health)
+                .add_service(rls)
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "gRPC server failed");
+            }
+        });
+        tracing::info!(%http_addr, %grpc_addr, store = %options.store, "sluice is serving");
+        Ok(Server {
+            http_addr,
+            grpc_addr,
+            limiter,
+            stop,
+            tasks: vec![http_task, grpc_task],
+            _watcher: watcher,
+        })
+    }
+
+    /// Where the HTTP API listens.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// Where the gRPC service listens.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// The limiter the service decides with.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// Stops accepting connections, lets requests in flight finish, and returns when both
+    /// servers have stopped.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+fn local(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
+    listener.local_addr().unwrap_or(fallback)
+}
+
+/// Accepted connections from `listener`, as tonic's `serve_with_incoming` takes them.
+fn tokio_stream_listener(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener)
+}

@@ -1,0 +1,253 @@
+//! Prometheus metrics: decisions by domain, rule and outcome, decision latency, store errors,
+//! tracked keys, rule reloads, the most limited keys and the build.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// What one limit's decision counts as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Admitted.
+    Allowed,
+    /// Refused.
+    Limited,
+    /// Would have been refused; passed because the rule is in shadow mode or soft.
+    ShadowLimited,
+    /// The store failed; the rule's `on_store_error` decided.
+    StoreError,
+}
+
+impl Outcome {
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Limited => "limited",
+            Outcome::ShadowLimited => "shadow_limited",
+            Outcome::StoreError => "store_error",
+        }
+    }
+}
+
+impl EncodeLabelValue for Outcome {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.name())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DecisionLabels {
+    domain: String,
+    rule: String,
+    outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KeyLabels {
+    key: String,
+}
+
+/// How many limited keys are remembered for the top-limited report; beyond it the least
+/// limited are dropped, so a flood of keys cannot grow it.
+const TOP_KEYS_CAPACITY: usize = 1024;
+/// How many of them are exported.
+const TOP_KEYS_EXPORTED: usize = 10;
+
+/// Every metric of the service.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    decisions: Family<DecisionLabels, Counter>,
+    latency: Histogram,
+    store_errors: Counter,
+    tracked_keys: Gauge,
+    reloads: Counter<u64, AtomicU64>,
+    reload_failures: Counter<u64, AtomicU64>,
+    top_limited: Family<KeyLabels, Gauge>,
+    limited_counts: Mutex<HashMap<String, u64>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sluice");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "decisions",
+            "Limit decisions by domain, rule and outcome",
+            decisions.clone(),
+        );
+        // 1µs to ~1s, doubling.
+        let latency = Histogram::new((0..20).map(|i| 1e-6 * f64::from(1u32 << i)));
+        registry.register(
+            "decision_latency_seconds",
+            "Time to decide one request, store included",
+            latency.clone(),
+        );
+        let store_errors = Counter::default();
+        registry.register(
+            "store_errors",
+            "Store calls that failed and fell back to on_store_error",
+            store_errors.clone(),
+        );
+        let tracked_keys = Gauge::default();
+        registry.register(
+            "tracked_keys",
+            "Counters the store tracks",
+            tracked_keys.clone(),
+        );
+        let reloads = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "rule_reloads",
+            "Rule reloads that put a new rule set in force",
+            reloads.clone(),
+        );
+        let reload_failures = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "rule_reload_failures",
+            "Rule reloads refused for invalid files; the old rules stayed",
+            reload_failures.clone(),
+        );
+        let top_limited = Family::<KeyLabels, Gauge>::default();
+        registry.register(
+            "top_limited_keys",
+            "Refusals of the most limited counters since start",
+            top_limited.clone(),
+        );
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
+        registry.register("build_info", "The running build", build);
+        Metrics {
+            registry: Mutex::new(registry),
+            decisions,
+            latency,
+            store_errors,
+            tracked_keys,
+            reloads,
+            reload_failures,
+            top_limited,
+            limited_counts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Counts one limit's decision.
+    pub fn decision(&self, domain: &str, rule: &str, outcome: Outcome) {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                domain: domain.to_owned(),
+                rule: rule.to_owned(),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// How many decisions of this kind were counted.
+    pub fn decisions_of(&self, domain: &str, rule: &str, outcome: Outcome) -> u64 {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                domain: domain.to_owned(),
+                rule: rule.to_owned(),
+                outcome,
+            })
+            .get()
+    }
+
+    /// Records one request's decision time.
+    pub fn observe_latency(&self, d: Duration) {
+        self.latency.observe(d.as_secs_f64());
+    }
+
+    /// Counts a failed store call.
+    pub fn store_error(&self) {
+        self.store_errors.inc();
+    }
+
+    /// Counts a refusal of `key`, for the top-limited report.
+    pub fn limited_key(&self, key: &str) {
+        let mut counts = self
+            .limited_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(key) {
+            *n += 1;
+            return;
+        }
+        if counts.len() >= TOP_KEYS_CAPACITY {
+            // Make room by forgetting the least limited half; the heavy hitters stay.
+            let mut values: Vec<u64> = counts.values().copied().collect();
+            let mid = values.len() / 2;
+            let (_, median, _) = values.select_nth_unstable(mid);
+            let median = *median;
+            counts.retain(|_, n| *n > median);
+        }
+        counts.insert(key.to_owned(), 1);
+    }
+
+    /// The Prometheus text exposition, with gauges refreshed from their sources.
+    pub fn render(
+        &self,
+        tracked_keys: Option<usize>,
+        reloads: u64,
+        reload_failures: u64,
+    ) -> String {
+        if let Some(n) = tracked_keys {
+            self.tracked_keys.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.reloads.inner().store(reloads, Ordering::Relaxed);
+        self.reload_failures
+            .inner()
+            .store(reload_failures, Ordering::Relaxed);
+        {
+            let counts = self
+                .limited_counts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let mut top: Vec<(&String, &u64)> = counts.iter().collect();
+            top.sort_by(|a, b| b.1.cmp(a.1));
+            self.top_limited.clear();
+            for (key, n) in top.into_iter().take(TOP_KEYS_EXPORTED) {
+                self.top_limited
+                    .get_or_create(&KeyLabels { key: key.clone() })
+                    .set(i64::try_from(*n).unwrap_or(i64::MAX));
+            }
+        }
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
