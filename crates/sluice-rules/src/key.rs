@@ -54,20 +54,27 @@ pub(crate) fn push_encoded(out: &mut String, component: &str) {
     }
 }
 
-/// Wraps a built identity (`domain|k=v|…`) into the final key with the policy hash.
-pub(crate) fn finish_key(identity: &str, policy_id: &str) -> String {
-    let mut key = String::with_capacity(identity.len().min(MAX_IDENTITY_LEN) + 20);
-    key.push('{');
-    if identity.len() <= MAX_IDENTITY_LEN {
-        key.push_str(identity);
-    } else {
+/// Room to reserve after an identity for the closing `}:` and the policy hash.
+pub(crate) const KEY_SUFFIX_LEN: usize = 2 + 16;
+
+/// Turns `buf`, holding `{` and an identity (`domain|k=v|…`), into the final key with the policy
+/// hash. Takes the buffer by value so the common case (one limit) allocates once.
+pub(crate) fn close_key(mut buf: String, policy_id: &str) -> String {
+    if buf.len() - 1 > MAX_IDENTITY_LEN {
         let mut h = SipHasher13x128::new_with_keys(KEY0, KEY1);
-        h.write(identity.as_bytes());
-        let _ = write!(key, "#{:032x}", h.finish128().as_u128());
+        h.write(buf[1..].as_bytes());
+        buf.clear();
+        let _ = write!(buf, "{{#{:032x}", h.finish128().as_u128());
     }
-    key.push_str("}:");
-    key.push_str(policy_id);
-    key
+    buf.push_str("}:");
+    buf.push_str(policy_id);
+    buf
+}
+
+/// [`close_key`] for an identity without the brace.
+#[cfg(test)]
+pub(crate) fn finish_key(identity: &str, policy_id: &str) -> String {
+    close_key(format!("{{{identity}"), policy_id)
 }
 
 /// The policy's identity: 16 hex digits hashed from its algorithm and parameters.

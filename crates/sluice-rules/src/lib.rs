@@ -44,6 +44,7 @@ mod decode;
 mod duration;
 mod error;
 mod key;
+mod lookup;
 mod matcher;
 mod model;
 mod reload;

@@ -15,13 +15,17 @@
 //! - `unlimited` yields no check; `replaces` drops, from the whole request, every matched limit
 //!   whose `name` another matched limit names.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use sluice_core::{Check, Policy};
 
 use crate::error::Location;
-use crate::key::{finish_key, policy_id, push_encoded};
+use crate::key::{KEY_SUFFIX_LEN, close_key, policy_id, push_encoded};
+
+/// The matcher's maps hash only strings from rule files on insert, and request strings on
+/// lookup, which cannot grow a chain; a fast hasher is safe here and halves a lookup's cost.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use crate::model::{Action, DescriptorConfig, DomainConfig, LimitConfig, OnStoreError, ValueMatch};
 
 /// One limit as the matcher hands it out: the rule's policy and everything a front end needs to
@@ -214,30 +218,48 @@ impl CompiledDomain {
         }
     }
 
-    /// The node where a request descriptor ends, and its counter identity.
-    fn walk<D: DescriptorEntries + ?Sized>(&self, descriptor: &D) -> Option<(&Node, String)> {
-        let n = descriptor.entry_count();
-        if n == 0 {
-            return None;
-        }
-        let mut identity = String::with_capacity(self.key_prefix.len() + 32 * n);
-        identity.push_str(&self.key_prefix);
+    /// The node where a request descriptor ends, if any.
+    fn find<D: DescriptorEntries + ?Sized>(&self, descriptor: &D) -> Option<(&Node, bool)> {
         let mut level = &self.root;
         let mut node = None;
-        for i in 0..n {
+        let mut shared = false;
+        for i in 0..descriptor.entry_count() {
             let (key, value) = descriptor.entry(i);
             let found = level.keys.get(key)?.find(value)?;
-            identity.push('|');
-            push_encoded(&mut identity, key);
-            identity.push('=');
-            match &found.shared_value {
-                Some(pattern) => identity.push_str(pattern),
-                None => push_encoded(&mut identity, value),
-            }
+            shared |= found.shared_value.is_some();
             level = &found.children;
             node = Some(found);
         }
-        node.map(|n| (n, identity))
+        node.map(|n| (n, shared))
+    }
+
+    /// The counter identity of a descriptor that [`Self::find`] matched, after a `{`. Built
+    /// only once a match is certain, so a miss allocates nothing; the path is walked again only
+    /// when a `share_threshold` wildcard on it replaces a value by its pattern.
+    fn identity<D: DescriptorEntries + ?Sized>(&self, descriptor: &D, shared: bool) -> String {
+        let n = descriptor.entry_count();
+        let mut identity =
+            String::with_capacity(1 + self.key_prefix.len() + 24 * n + KEY_SUFFIX_LEN);
+        identity.push('{');
+        identity.push_str(&self.key_prefix);
+        let mut level = Some(&self.root);
+        for i in 0..n {
+            let (key, value) = descriptor.entry(i);
+            identity.push('|');
+            push_encoded(&mut identity, key);
+            identity.push('=');
+            let found = if shared {
+                level.and_then(|l| l.keys.get(key)?.find(value))
+            } else {
+                None
+            };
+            match found.and_then(|f| f.shared_value.as_deref()) {
+                Some(pattern) => identity.push_str(pattern),
+                None => push_encoded(&mut identity, value),
+            }
+            level = found.map(|f| &f.children);
+        }
+        identity
     }
 }
 
@@ -276,11 +298,11 @@ fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str) {
             let i = match rules.prefixes.iter().position(|(len, _)| *len <= p.len()) {
                 Some(i) if rules.prefixes[i].0 == p.len() => i,
                 Some(i) => {
-                    rules.prefixes.insert(i, (p.len(), HashMap::new()));
+                    rules.prefixes.insert(i, (p.len(), HashMap::default()));
                     i
                 }
                 None => {
-                    rules.prefixes.push((p.len(), HashMap::new()));
+                    rules.prefixes.push((p.len(), HashMap::default()));
                     rules.prefixes.len() - 1
                 }
             };
@@ -314,6 +336,15 @@ pub struct Matches {
     pub unlimited: Vec<usize>,
 }
 
+fn matched(descriptor: usize, key: String, cost: u64, rule: &Arc<Rule>) -> MatchedCheck {
+    MatchedCheck {
+        descriptor,
+        key,
+        cost,
+        rule: Arc::clone(rule),
+    }
+}
+
 pub(crate) fn match_request<D: DescriptorEntries>(
     domain: &CompiledDomain,
     descriptors: &[D],
@@ -322,7 +353,7 @@ pub(crate) fn match_request<D: DescriptorEntries>(
     let mut out = Matches::default();
     let mut any_replaces = false;
     for (i, d) in descriptors.iter().enumerate() {
-        let Some((node, identity)) = domain.walk(d) else {
+        let Some((node, shared)) = domain.find(d) else {
             continue;
         };
         if node.unlimited {
@@ -330,15 +361,21 @@ pub(crate) fn match_request<D: DescriptorEntries>(
             continue;
         }
         let cost = d.cost().unwrap_or(default_cost);
-        for rule in &node.limits {
-            any_replaces |= !rule.replaces.is_empty();
-            out.checks.push(MatchedCheck {
-                descriptor: i,
-                key: finish_key(&identity, &rule.policy_id),
+        let Some((last, others)) = node.limits.split_last() else {
+            continue;
+        };
+        let identity = domain.identity(d, shared);
+        for rule in others.iter() {
+            out.checks.push(matched(
+                i,
+                close_key(identity.clone(), &rule.policy_id),
                 cost,
-                rule: rule.clone(),
-            });
+                rule,
+            ));
         }
+        out.checks
+            .push(matched(i, close_key(identity, &last.policy_id), cost, last));
+        any_replaces |= node.limits.iter().any(|r| !r.replaces.is_empty());
     }
     if any_replaces {
         let replaced: HashSet<&str> = out

@@ -1,6 +1,5 @@
 //! A loaded set of domains, ready to match requests.
 
-use std::collections::HashMap;
 use std::fs;
 use std::hash::Hasher;
 use std::path::{Path, PathBuf};
@@ -13,6 +12,8 @@ use crate::error::{ConfigError, ErrorKind, LoadError, Location};
 use crate::matcher::{CompiledDomain, DescriptorEntries, Matches, match_request};
 use crate::model::DomainConfig;
 
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 /// How deep a rules directory is searched for files. Kubernetes mounts are flat; the bound only
 /// keeps a symlink loop from running forever.
 const MAX_DIR_DEPTH: usize = 8;
@@ -23,7 +24,7 @@ const MAX_DIR_DEPTH: usize = 8;
 /// [`crate::Reloader`]), so a request always sees one set, never a mix of two.
 #[derive(Debug)]
 pub struct RuleSet {
-    domains: HashMap<String, CompiledDomain>,
+    pub(crate) domains: HashMap<String, CompiledDomain>,
     /// A hash of every source file's name and text, so a reload that finds the same files can
     /// skip the swap.
     fingerprint: u64,
@@ -33,7 +34,7 @@ impl RuleSet {
     /// A rule set with no domains: nothing is limited.
     pub fn empty() -> Self {
         RuleSet {
-            domains: HashMap::new(),
+            domains: HashMap::default(),
             fingerprint: 0,
         }
     }
@@ -50,7 +51,7 @@ impl RuleSet {
         I: IntoIterator<Item = (&'a str, &'a str)>,
     {
         let mut errors = Vec::new();
-        let mut domains: HashMap<String, CompiledDomain> = HashMap::new();
+        let mut domains: HashMap<String, CompiledDomain> = HashMap::default();
         let mut fingerprint = SipHasher13::new();
         for (name, text) in sources {
             fingerprint.write(name.as_bytes());
