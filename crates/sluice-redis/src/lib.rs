@@ -1,0 +1,40 @@
+//! The Redis store for Sluice: exact limits shared by any number of instances, on Redis (or
+//! Valkey) standalone, Sentinel or Cluster.
+//!
+//! [`RedisStore`] implements the core [`Store`](sluice_core::Store) contract for all six
+//! algorithms. Each check runs as one atomic Lua script per Cluster slot, on Redis `TIME`, so
+//! instances with skewed clocks agree. Checks of one request that span slots are reserved slot
+//! by slot and given back if any slot refuses. Every call has a timeout, and a circuit breaker
+//! answers at once while Redis is down, so that each rule's `on_store_error` can decide fast.
+//! `docs/redis-store.md` describes the key layout, the scripts and the failure handling.
+//!
+//! ```no_run
+//! use sluice_core::{Check, Gcra, Policy, Rate, Store};
+//! use sluice_redis::{RedisOptions, RedisStore};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379", RedisOptions::default()).await?;
+//! let policy = Policy::from(Gcra::new(Rate::per_second(10), 20)?);
+//! let decisions = store.check(&[Check::new("api|user=alice", &policy, 1)]).await?;
+//! assert!(decisions[0].allowed);
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod breaker;
+mod connection;
+mod encode;
+mod error;
+mod keys;
+mod options;
+mod scripts;
+mod store;
+mod url;
+
+pub use breaker::BreakerState;
+pub use error::ConnectError;
+pub use options::RedisOptions;
+pub use store::{RedisStats, RedisStore};
+pub use url::{RedisUrl, Topology};

@@ -1,0 +1,572 @@
+//! The Lua scripts that decide and update counters inside Redis, one call per Cluster slot.
+//!
+//! Each script is a named constant, called by `EVALSHA` and loaded again transparently on
+//! `NOSCRIPT` (see `connection.rs`). Both share a prelude that reads the time and converts
+//! between the stored and the computed forms of timestamps.
+//!
+//! ## Numbers in Lua
+//!
+//! Redis runs Lua 5.1, whose only number type is a double: integers are exact up to 2⁵³. A
+//! timestamp in nanoseconds since the epoch (about 1.7·10¹⁸) is not, so the scripts never hold
+//! one as a number:
+//!
+//! - timestamps are **stored** as decimal strings of nanoseconds since the epoch, exactly what
+//!   `sluice_core::Timestamp` holds;
+//! - they are **computed** on as nanoseconds relative to `S`, the whole second of Redis time the
+//!   call runs in. A counter's timestamps lie within a window or two of now, so these numbers are
+//!   exact, and every algorithm decides exactly as the core's pure functions do;
+//! - every division is done on exact integers (`math.fmod`, then an exact quotient), never by
+//!   `math.floor(a / b)`, whose rounding can be off by one near 2⁵³;
+//! - numbers written back to Redis go through `string.format('%d')`, because Lua would print a
+//!   large number as `1e+15`.
+//!
+//! The Rust side keeps every parameter below 2⁵³ (see `encode.rs`): windows and periods up to
+//! about 104 days, limits up to 9·10¹⁵.
+//!
+//! ## Layout of the arguments
+//!
+//! Both scripts take the same arguments:
+//!
+//! - `KEYS[i]`: the counter key of check `i` (`prefix:{identity}`). A key may appear more than
+//!   once; its later checks see what the earlier ones would leave.
+//! - `ARGV[1]`: nanoseconds added to Redis `TIME`: 0 in production. A test hook, and the way to
+//!   simulate an instance whose store clock is off.
+//! - `ARGV[2]`: for [`CHECK`], `1` to commit when every check admits, `0` to only decide (peek).
+//!   Unused by [`REFUND`].
+//! - `ARGV[3 + 7(i-1)] ..= ARGV[9 + 7(i-1)]`: check `i`: algorithm code, cost, four parameters
+//!   and a refund token (see `encode.rs` for each algorithm's parameters).
+//!
+//! ## What is stored
+//!
+//! One key per counter. Every algorithm but the sliding log keeps a hash: `a` (the algorithm
+//! code; a counter found under another algorithm counts as fresh, as in the memory store) and up
+//! to three fields `x`, `y`, `z`. The sliding log keeps a list: a header holding the total of
+//! its units, then one `"<nanos> <units>"` entry per distinct arrival time, oldest first. Every
+//! write sets the key's TTL to when the counter is full again, plus a second, so that idle
+//! counters vanish.
+
+/// The code shared by both scripts: exact integer helpers, the time, and timestamp conversion.
+macro_rules! prelude {
+    () => {
+        r#"
+local E9 = 1000000000
+local EXACT = 9007199254740992
+
+-- Floor division and remainder of integer-valued doubles, exact below 2^53 (b > 0).
+local function divmod(a, b)
+  local r = math.fmod(a, b)
+  if r < 0 then r = r + b end
+  return (a - r) / b, r
+end
+
+local function floor_div(a, b)
+  local q = divmod(a, b)
+  return q
+end
+
+local function ceil_div(a, b)
+  local q, r = divmod(a, b)
+  if r > 0 then q = q + 1 end
+  return q
+end
+
+-- floor(a * b / c), or its ceiling when up, for non-negative integers.
+local function mul_div(a, b, c, up)
+  local p = a * b
+  if p < EXACT then
+    if up then return ceil_div(p, c) end
+    return floor_div(p, c)
+  end
+  local q, r = divmod(a, c)
+  local p2 = r * b
+  if p2 < EXACT then
+    if up then return q * b + ceil_div(p2, c) end
+    return q * b + floor_div(p2, c)
+  end
+  return math.floor(a / c * b)
+end
+
+local function sat(x)
+  if x < 0 then return 0 end
+  return x
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- Now: Redis TIME plus the offset in ARGV[1], as S (whole seconds) and now (ns after S).
+local clock = redis.call('TIME')
+local shifted = tonumber(clock[2]) * 1000 + tonumber(ARGV[1])
+local carry, now = divmod(shifted, E9)
+local S = tonumber(clock[1]) + carry
+
+-- A stored timestamp (decimal nanoseconds since the epoch) as ns relative to S.
+local function rel(abs)
+  if abs == nil or abs == false or abs == '' then return nil end
+  local n = #abs
+  if n <= 9 then return tonumber(abs) - S * E9 end
+  return (tonumber(string.sub(abs, 1, n - 9)) - S) * E9 + tonumber(string.sub(abs, n - 8))
+end
+
+-- A relative time back to its stored form.
+local function absolute(t)
+  local q, r = divmod(t, E9)
+  local s = S + q
+  if s < 0 then return '0' end
+  if s == 0 then return int(r) end
+  return string.format('%d%09d', s, r)
+end
+
+local function parse_entry(e)
+  local sp = string.find(e, ' ', 1, true)
+  return rel(string.sub(e, 1, sp - 1)), tonumber(string.sub(e, sp + 1))
+end
+
+local function entry(at, units)
+  return absolute(at) .. ' ' .. int(units)
+end
+
+-- Arguments of check i: algorithm, cost, p1..p4 and token.
+local function check_args(i)
+  local b = 3 + (i - 1) * 7
+  return tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+    tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), ARGV[b + 5], ARGV[b + 6]
+end
+
+-- The start of the window that now falls in, for windows of length w placed on a grid through
+-- the reference start r (relative).
+local function grid_start(r, w)
+  return r + floor_div(now - r, w) * w
+end
+
+-- The stored state of a hash counter, decoded for algorithm alg, or nil when fresh.
+local function decode(alg, h)
+  if h == nil or tonumber(h[1]) ~= alg then return nil end
+  if alg == 1 then return {tokens = tonumber(h[2]), last = rel(h[3])} end
+  if alg == 2 or alg == 3 then return {t = rel(h[2])} end
+  if alg == 4 then return {start = rel(h[2]), count = tonumber(h[3])} end
+  if alg == 6 then
+    return {start = rel(h[2]), current = tonumber(h[3]), previous = tonumber(h[4])}
+  end
+  return nil
+end
+
+local function encode(alg, v)
+  if alg == 1 then return {int(v.tokens), absolute(v.last)} end
+  if alg == 2 or alg == 3 then return {absolute(v.t)} end
+  if alg == 4 then return {absolute(v.start), int(v.count)} end
+  return {absolute(v.start), int(v.current), int(v.previous)}
+end
+
+local function write_hash(key, alg, v)
+  local f = encode(alg, v)
+  local args = {'a', int(alg), 'x', f[1]}
+  if f[2] then args[#args + 1] = 'y'; args[#args + 1] = f[2] end
+  if f[3] then args[#args + 1] = 'z'; args[#args + 1] = f[3] end
+  redis.call('HSET', key, unpack(args))
+end
+
+local function read_hash(key)
+  return redis.call('HMGET', key, 'a', 'x', 'y', 'z')
+end
+"#
+    };
+}
+
+/// Decides a request's checks that fall in one slot, atomically, and commits them only if all
+/// admit.
+///
+/// - `KEYS[i]`: the counter key of check `i`.
+/// - `ARGV[1]`: the time offset in nanoseconds (0 in production).
+/// - `ARGV[2]`: `1` to commit when every check admits; `0` to decide without writing (peek).
+/// - `ARGV[3 + 7(i-1)]..`: check `i`: algorithm code (1 token bucket, 2 GCRA, 3 queue, 4 fixed
+///   window, 5 sliding log, 6 sliding counter), cost, parameters `p1..p4`, unused token.
+///
+/// Returns six values per check: allowed (1 or 0), remaining, `reset_after` in nanoseconds,
+/// `retry_after` in nanoseconds (-1 for never), delay in nanoseconds, and the refund token: the
+/// stored timestamp that identifies what this check consumed (a window start or a log entry),
+/// which [`REFUND`] needs to give it back.
+pub(crate) const CHECK: &str = concat!(
+    prelude!(),
+    r#"
+local commit = ARGV[2] == '1'
+local n = #KEYS
+
+-- Per key: its stored type, decoded state under the algorithm last used on it in this call,
+-- whether an admitted check changed it, and the reset of that check (for the TTL).
+local states = {}
+local order = {}
+
+local function load(key)
+  local st = states[key]
+  if st == nil then
+    st = {kind = redis.call('TYPE', key)['ok'], dirty = false}
+    if st.kind == 'hash' then st.hash = read_hash(key) end
+    states[key] = st
+    order[#order + 1] = key
+  end
+  return st
+end
+
+-- The sliding log's state: the total of live units, how many stored entries have expired, the
+-- newest entry, and entries appended by this call.
+local function load_log(key, st, w)
+  local v = {total = 0, drop = 0, count = 0, pending = {}, back_dirty = false}
+  if st.kind ~= 'list' then return v end
+  v.count = redis.call('LLEN', key) - 1
+  v.total = tonumber(redis.call('LINDEX', key, 0)) or 0
+  local i = 1
+  local done = false
+  while not done and i <= v.count do
+    local chunk = redis.call('LRANGE', key, i, i + 63)
+    for _, e in ipairs(chunk) do
+      local at, units = parse_entry(e)
+      if at + w > now then done = true; break end
+      v.total = v.total - units
+      v.drop = v.drop + 1
+    end
+    i = i + 64
+  end
+  if v.count > v.drop then
+    v.back_at, v.back_units = parse_entry(redis.call('LINDEX', key, -1))
+    v.back_stored = true
+  end
+  return v
+end
+
+local function token_bucket(v, cost, cap, amount, per)
+  if v == nil then v = {tokens = cap, last = now} end
+  local elapsed = sat(now - v.last)
+  local earned = mul_div(elapsed, amount, per, false)
+  local s
+  if v.tokens + earned >= cap then
+    s = {tokens = cap, last = now}
+  else
+    s = {tokens = v.tokens + earned, last = v.last + mul_div(earned, per, math.max(amount, 1), true)}
+  end
+  local function time_until(st, want)
+    if st.tokens >= want then return 0 end
+    local at = st.last + mul_div(want - st.tokens, per, math.max(amount, 1), true)
+    return sat(at - now)
+  end
+  local need = math.max(cost, 1)
+  if need > cap then return s, 0, s.tokens, time_until(s, cap), -1, 0 end
+  if s.tokens < need then
+    return s, 0, s.tokens, time_until(s, cap), time_until(s, need), 0
+  end
+  local after = {tokens = s.tokens - cost, last = s.last}
+  return after, 1, after.tokens, time_until(after, cap), 0, 0
+end
+
+local function gcra(v, cost, burst, interval)
+  local tat = now
+  if v ~= nil and v.t > now then tat = v.t end
+  local horizon = burst * interval
+  local backlog = tat - now
+  local need = math.max(cost, 1)
+  local function free(b) return floor_div(sat(horizon - b), interval) end
+  if need > burst then return v, 0, free(backlog), backlog, -1, 0 end
+  local wanted = backlog + need * interval
+  if wanted > horizon then return v, 0, free(backlog), backlog, wanted - horizon, 0 end
+  local nb = backlog + cost * interval
+  return {t = now + nb}, 1, free(nb), nb, 0, 0
+end
+
+local function queue(v, cost, limit, interval, max_wait, blocked)
+  local start = now
+  if v ~= nil and v.t > now then start = v.t end
+  local delay = start - now
+  local function free(b)
+    local by_queue = sat(limit - ceil_div(b, interval))
+    local by_wait = 0
+    if max_wait >= b then by_wait = floor_div(max_wait - b, interval) + 1 end
+    return math.min(by_queue, by_wait)
+  end
+  local need = math.max(cost, 1)
+  if blocked == 1 or need > limit then return v, 0, free(delay), delay, -1, 0 end
+  local bound = math.min((limit - need) * interval, max_wait)
+  if delay > bound then return v, 0, free(delay), delay, delay - bound, 0 end
+  local nxt = start + cost * interval
+  local backlog = nxt - now
+  return {t = nxt}, 1, free(backlog), backlog, 0, delay
+end
+
+local function fixed_window(v, cost, limit, w, clock_aligned, ref)
+  local start
+  if clock_aligned == 1 then
+    start = grid_start(rel(ref), w)
+  elseif v ~= nil and now < v.start + w then
+    start = v.start
+  else
+    start = now
+  end
+  local cur
+  if v ~= nil and start <= v.start and v.count > 0 then
+    cur = v
+  else
+    cur = {start = start, count = 0}
+  end
+  local to_end = sat(cur.start + w - now)
+  local remaining = sat(limit - cur.count)
+  local need = math.max(cost, 1)
+  if need > limit then return cur, 0, remaining, to_end, -1, 0 end
+  if need > remaining then return cur, 0, remaining, to_end, to_end, 0 end
+  local after = {start = cur.start, count = cur.count + cost}
+  local reset = to_end
+  if after.count == 0 then reset = 0 end
+  return after, 1, remaining - cost, reset, 0, 0
+end
+
+local function sliding_counter(v, cost, limit, w, ref)
+  local start = grid_start(rel(ref), w)
+  local s
+  if v ~= nil and start <= v.start then
+    s = v
+  else
+    local previous = 0
+    if v ~= nil and start - v.start == w then previous = v.current end
+    s = {start = start, current = 0, previous = previous}
+  end
+  local elapsed = math.min(sat(now - s.start), w - 1)
+  local function weighted(previous)
+    return mul_div(previous, w - math.min(elapsed, w), w, false)
+  end
+  local function reset_after(st)
+    local to_next = w - elapsed
+    if st.current == 0 and st.previous == 0 then return 0 end
+    if st.current == 0 then return to_next end
+    return to_next + w
+  end
+  local function first_fit(previous, room)
+    if previous == 0 then return 0 end
+    local bound = mul_div(room + 1, w, previous, true)
+    local e = sat(w + 1 - bound)
+    if e < w then return e end
+    return nil
+  end
+  local estimate = weighted(s.previous) + s.current
+  local remaining = sat(limit - estimate)
+  local reset = reset_after(s)
+  local need = math.max(cost, 1)
+  if need > limit then return s, 0, remaining, reset, -1, 0 end
+  if need > remaining then
+    local retry
+    if s.current + need <= limit then
+      local e = first_fit(s.previous, limit - need - s.current)
+      if e ~= nil then retry = sat(e - elapsed) end
+    end
+    if retry == nil then
+      retry = (w - elapsed) + (first_fit(s.current, limit - need) or w)
+    end
+    return s, 0, remaining, reset, retry, 0
+  end
+  local after = {start = s.start, current = s.current + cost, previous = s.previous}
+  return after, 1, remaining - cost, reset_after(after), 0, 0
+end
+
+local function sliding_log(key, v, cost, limit, w)
+  local remaining = sat(limit - v.total)
+  local need = math.max(cost, 1)
+  local function last_expiry(extra)
+    if extra then return w end
+    if v.back_at ~= nil and v.back_at + w > now then return v.back_at + w - now end
+    return 0
+  end
+  if need > limit then return v, 0, remaining, last_expiry(false), -1, 0 end
+  if need <= remaining then
+    local reset = last_expiry(cost > 0)
+    if cost > 0 then
+      if v.back_at ~= nil and v.back_at >= now then
+        v.back_units = v.back_units + cost
+        if #v.pending > 0 then
+          v.pending[#v.pending].units = v.back_units
+        else
+          v.back_dirty = true
+        end
+      else
+        v.pending[#v.pending + 1] = {at = now, units = cost}
+        v.back_at = now
+        v.back_units = cost
+      end
+      v.total = v.total + cost
+    end
+    return v, 1, remaining - cost, reset, 0, 0
+  end
+  -- Wait until enough of the oldest live entries expire.
+  local freed = 0
+  local retry = 0
+  local found = false
+  local i = 1 + v.drop
+  while not found and i <= v.count do
+    local chunk = redis.call('LRANGE', key, i, i + 63)
+    for _, e in ipairs(chunk) do
+      local at, units = parse_entry(e)
+      freed = freed + units
+      retry = sat(at + w - now)
+      if remaining + freed >= need then found = true; break end
+    end
+    i = i + 64
+  end
+  if not found then
+    for _, p in ipairs(v.pending) do
+      freed = freed + p.units
+      retry = sat(p.at + w - now)
+      if remaining + freed >= need then break end
+    end
+  end
+  return v, 0, remaining, last_expiry(false), retry, 0
+end
+
+local out = {}
+local all = true
+for i = 1, n do
+  local key = KEYS[i]
+  local alg, cost, p1, p2, p3, p4s = check_args(i)
+  local p4 = tonumber(p4s)
+  local st = load(key)
+  local v = nil
+  if st.alg == alg then
+    v = st.v
+  elseif alg == 5 then
+    v = load_log(key, st, p2)
+  else
+    v = decode(alg, st.hash)
+  end
+  local nv, allowed, remaining, reset, retry, delay
+  if alg == 1 then
+    nv, allowed, remaining, reset, retry, delay = token_bucket(v, cost, p1, p2, p3)
+  elseif alg == 2 then
+    nv, allowed, remaining, reset, retry, delay = gcra(v, cost, p1, p2)
+  elseif alg == 3 then
+    nv, allowed, remaining, reset, retry, delay = queue(v, cost, p1, p2, p3, p4)
+  elseif alg == 4 then
+    nv, allowed, remaining, reset, retry, delay = fixed_window(v, cost, p1, p2, p3, p4s)
+  elseif alg == 5 then
+    nv, allowed, remaining, reset, retry, delay = sliding_log(key, v, cost, p1, p2)
+  else
+    nv, allowed, remaining, reset, retry, delay = sliding_counter(v, cost, p1, p2, p4s)
+  end
+  if st.alg ~= alg then
+    -- The first check of this algorithm on the key: later ones thread through st.v.
+    st.alg = alg
+    st.v = v
+    st.dirty = false
+  end
+  local token = ''
+  if allowed == 1 and cost > 0 then
+    st.v = nv
+    st.dirty = true
+    st.reset = reset
+    if alg == 5 then token = absolute(nv.back_at)
+    elseif alg == 4 or alg == 6 then token = absolute(nv.start) end
+  end
+  if allowed == 0 then all = false end
+  out[#out + 1] = allowed
+  out[#out + 1] = remaining
+  out[#out + 1] = reset
+  out[#out + 1] = retry
+  out[#out + 1] = delay
+  out[#out + 1] = token
+end
+
+if commit and all then
+  for _, key in ipairs(order) do
+    local st = states[key]
+    if st.dirty then
+      local v = st.v
+      if st.alg == 5 then
+        if st.kind ~= 'list' and st.kind ~= 'none' then redis.call('DEL', key) end
+        if st.kind == 'list' then
+          redis.call('LTRIM', key, 1 + v.drop, -1)
+          if v.back_dirty then redis.call('LSET', key, -1, entry(v.back_at, v.back_units)) end
+        end
+        for _, p in ipairs(v.pending) do redis.call('RPUSH', key, entry(p.at, p.units)) end
+        redis.call('LPUSH', key, int(v.total))
+      else
+        if st.kind ~= 'hash' and st.kind ~= 'none' then redis.call('DEL', key) end
+        write_hash(key, st.alg, v)
+      end
+      redis.call('PEXPIRE', key, int(ceil_div(st.reset, 1000000) + 1000))
+    end
+  end
+end
+return out
+"#
+);
+
+/// Gives back what [`CHECK`] consumed on one slot, when another slot of the same request
+/// refused it. Each check is undone in reverse order, as far as the counter still holds it: a
+/// window that has ended, or a log entry that has expired, has nothing left to give back.
+///
+/// - `KEYS[i]`: the counter key of check `i`.
+/// - `ARGV[1]`: the time offset in nanoseconds (0 in production).
+/// - `ARGV[2]`: unused.
+/// - `ARGV[3 + 7(i-1)]..`: check `i` as for [`CHECK`], with the token [`CHECK`] returned for it.
+///
+/// Returns the number of checks given back.
+pub(crate) const REFUND: &str = concat!(
+    prelude!(),
+    r#"
+local undone = 0
+for i = #KEYS, 1, -1 do
+  local key = KEYS[i]
+  local alg, cost, p1, p2, p3, p4s, token = check_args(i)
+  local kind = redis.call('TYPE', key)['ok']
+  if cost > 0 and alg == 5 and kind == 'list' then
+    local len = redis.call('LLEN', key)
+    local idx = len - 1
+    while idx >= 1 do
+      local e = redis.call('LINDEX', key, idx)
+      local sp = string.find(e, ' ', 1, true)
+      local at = string.sub(e, 1, sp - 1)
+      if at == token then
+        local units = tonumber(string.sub(e, sp + 1)) - cost
+        if units > 0 then
+          redis.call('LSET', key, idx, at .. ' ' .. int(units))
+        else
+          redis.call('LSET', key, idx, '-')
+          redis.call('LREM', key, 1, '-')
+        end
+        local total = sat((tonumber(redis.call('LINDEX', key, 0)) or 0) - cost)
+        redis.call('LSET', key, 0, int(total))
+        undone = undone + 1
+        break
+      end
+      if rel(at) < rel(token) then break end
+      idx = idx - 1
+    end
+  elseif cost > 0 and kind == 'hash' then
+    local v = decode(alg, read_hash(key))
+    if v ~= nil then
+      local changed = true
+      if alg == 1 then
+        local earned = mul_div(sat(now - v.last), p2, p3, false)
+        local tokens = v.tokens + earned
+        local last = v.last + mul_div(earned, p3, math.max(p2, 1), true)
+        if tokens + cost >= p1 then
+          v = {tokens = p1, last = now}
+        else
+          v = {tokens = tokens + cost, last = last}
+        end
+      elseif alg == 2 or alg == 3 then
+        v.t = v.t - cost * p2
+      elseif alg == 4 and absolute(v.start) == token then
+        v.count = sat(v.count - cost)
+      elseif alg == 6 and absolute(v.start) == token then
+        v.current = sat(v.current - cost)
+      elseif alg == 6 and absolute(v.start - p2) == token then
+        v.previous = sat(v.previous - cost)
+      else
+        changed = false
+      end
+      if changed then
+        write_hash(key, alg, v)
+        undone = undone + 1
+      end
+    end
+  end
+end
+return undone
+"#
+);

@@ -1,0 +1,443 @@
+//! [`RedisStore`]: the `Store` contract on Redis standalone, Sentinel or Cluster.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::{RedisError, RedisResult, Value};
+use sluice_core::{Check, Decision, Policy, Store, StoreError, StoreResult, Timestamp};
+
+use crate::breaker::{Breaker, BreakerState, Permit};
+use crate::connection::{Connection, Script, is_transient};
+use crate::encode::{ARGS_PER_CHECK, Reply, app_now, decode_replies, push_check};
+use crate::keys::{counter_key, escape, slot};
+use crate::scripts;
+use crate::url::{RedisUrl, Topology};
+use crate::{ConnectError, RedisOptions};
+
+/// Counters in Redis, shared exactly by every instance that uses the same Redis and prefix.
+///
+/// Each [`Store::check`] is one atomic Lua script per Cluster slot that its keys fall in (on
+/// standalone and Sentinel, one script in all), deciding on Redis `TIME`. Cheap to clone: clones
+/// share connections, breaker and statistics.
+///
+/// Every call has a timeout, and a circuit breaker fails calls at once while Redis is down; see
+/// `docs/redis-store.md`.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Connection,
+    /// Whether checks must be split by slot (Cluster), or may share one script (otherwise).
+    cluster: bool,
+    /// The key prefix, escaped.
+    prefix: String,
+    timeout: Duration,
+    cool_down: Duration,
+    breaker: Breaker,
+    /// Nanoseconds added to Redis time by every script: a test and skew hook, 0 in production.
+    offset: AtomicI64,
+    /// Cross-slot refunds that failed, leaving their reservation until the counter refills.
+    refund_failures: AtomicU64,
+    /// Requests whose checks spanned slots and were reserved and refunded.
+    refunds: AtomicU64,
+    check: Script,
+    refund: Script,
+    /// Where the store connects, password masked, for messages.
+    target: String,
+}
+
+/// Counters of a store's health, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisStats {
+    /// The circuit breaker's state: anything but closed means Redis is considered down.
+    pub breaker: BreakerState,
+    /// Calls failed at once because the breaker was open.
+    pub short_circuited: u64,
+    /// Multi-slot requests denied by one slot, whose other slots were refunded.
+    pub refunds: u64,
+    /// Refunds that failed: their units stay consumed until the counters refill, which can
+    /// only deny more, never admit more.
+    pub refund_failures: u64,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.inner.target)
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .field("breaker", &self.inner.breaker.state())
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Connects to the Redis that `url` names: `redis://`, `rediss://`, `redis+sentinel://` or
+    /// `redis+cluster://` (see [`RedisUrl`]). This is what a `--store` URL becomes.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), sluice_redis::ConnectError> {
+    /// use sluice_redis::{RedisOptions, RedisStore};
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379", RedisOptions::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, ConnectError> {
+        Self::connect_to(&RedisUrl::parse(url)?, options).await
+    }
+
+    /// Connects to a parsed URL.
+    pub async fn connect_to(url: &RedisUrl, options: RedisOptions) -> Result<Self, ConnectError> {
+        let target = url.to_string();
+        let connecting = Connection::connect(url, options.connect_timeout);
+        let conn = match tokio::time::timeout(options.connect_timeout, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(source)) => return Err(ConnectError::Connect { target, source }),
+            Err(_) => {
+                return Err(ConnectError::Timeout {
+                    target,
+                    timeout: options.connect_timeout,
+                });
+            }
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                cluster: matches!(url.topology, Topology::Cluster { .. }),
+                prefix: escape(&options.prefix).into_owned(),
+                timeout: options.timeout,
+                cool_down: options.breaker_cool_down,
+                breaker: Breaker::new(options.breaker_threshold, options.breaker_cool_down),
+                offset: AtomicI64::new(0),
+                refund_failures: AtomicU64::new(0),
+                refunds: AtomicU64::new(0),
+                check: Script::new(scripts::CHECK),
+                refund: Script::new(scripts::REFUND),
+                target,
+            }),
+        })
+    }
+
+    /// The circuit breaker's state, for `/readyz` and metrics.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// Health counters, for metrics.
+    pub fn stats(&self) -> RedisStats {
+        RedisStats {
+            breaker: self.inner.breaker.state(),
+            short_circuited: self.inner.breaker.short_circuited(),
+            refunds: self.inner.refunds.load(Ordering::Relaxed),
+            refund_failures: self.inner.refund_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Asks Redis for a `PING`, through the breaker and the timeout: a readiness probe.
+    pub async fn ping(&self) -> StoreResult<()> {
+        let cmd = redis::cmd("PING");
+        self.guarded(self.inner.conn.send(&cmd)).await.map(|_| ())
+    }
+
+    /// The Redis key that holds the counter `identity`: `prefix:{identity}` with braces escaped.
+    pub fn key_of(&self, identity: &str) -> String {
+        counter_key(&self.inner.prefix, identity)
+    }
+
+    /// The Cluster slot of the counter `identity`.
+    pub fn slot_of(&self, identity: &str) -> u16 {
+        slot(self.key_of(identity).as_bytes())
+    }
+
+    /// **Test and skew hook.** Nanoseconds added to Redis `TIME` in every script of this store,
+    /// 0 unless set. Tests move a store's time with it instead of sleeping; it can also model an
+    /// instance whose view of the store's clock is off. Limits stay exact only among stores with
+    /// the same offset: production code never sets it.
+    pub fn time_offset(&self) -> i64 {
+        self.inner.offset.load(Ordering::SeqCst)
+    }
+
+    /// **Test and skew hook.** Sets [`RedisStore::time_offset`].
+    pub fn set_time_offset(&self, nanos: i64) {
+        self.inner.offset.store(nanos, Ordering::SeqCst);
+    }
+
+    /// **Test and skew hook.** Moves this store's time forward by `d`
+    /// (see [`RedisStore::time_offset`]).
+    pub fn advance_time(&self, d: Duration) {
+        let step = i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        let _ = self
+            .inner
+            .offset
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| {
+                Some(o.saturating_add(step))
+            });
+    }
+
+    /// Runs `call` through the breaker and the timeout, and records how it went.
+    async fn guarded<T>(&self, call: impl Future<Output = RedisResult<T>>) -> StoreResult<T> {
+        let inner = &self.inner;
+        let Some(permit) = inner.breaker.admit() else {
+            return Err(StoreError::Unavailable(format!(
+                "the circuit breaker is open after repeated failures of redis at {}; a probe \
+                 call will try again within {:?}",
+                inner.target, inner.cool_down
+            )));
+        };
+        match tokio::time::timeout(inner.timeout, call).await {
+            Ok(Ok(v)) => {
+                inner.breaker.success(permit);
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                let err = self.store_error(&e);
+                if err.is_transient() {
+                    inner.breaker.failure(permit);
+                } else {
+                    inner.breaker.success(permit);
+                }
+                Err(err)
+            }
+            Err(_) => {
+                inner.breaker.failure(permit);
+                Err(StoreError::Timeout(inner.timeout))
+            }
+        }
+    }
+
+    fn store_error(&self, e: &RedisError) -> StoreError {
+        if is_transient(e) {
+            StoreError::Unavailable(format!("redis at {}: {e}", self.inner.target))
+        } else {
+            StoreError::Rejected(format!("redis at {}: {e}", self.inner.target))
+        }
+    }
+
+    /// The arguments of one script call over `checks[idx]` for each index of `group`.
+    fn script_args(
+        &self,
+        checks: &[Check<'_>],
+        group: &[usize],
+        mode: &str,
+        now: Timestamp,
+        offset: i64,
+        tokens: Option<&[Reply]>,
+    ) -> StoreResult<Vec<String>> {
+        let mut args = Vec::with_capacity(2 + group.len() * ARGS_PER_CHECK);
+        args.push(offset.to_string());
+        args.push(mode.to_owned());
+        for (n, &i) in group.iter().enumerate() {
+            let token = tokens.map_or("", |t| t[n].token.as_str());
+            push_check(&mut args, checks[i].policy, checks[i].cost, now, token)?;
+        }
+        Ok(args)
+    }
+
+    async fn check_all(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
+        let offset = self.time_offset();
+        let now = app_now(offset);
+        let keys: Vec<String> = checks.iter().map(|c| self.key_of(c.key)).collect();
+        let groups = self.groups(&keys);
+        let mut calls = Vec::with_capacity(groups.len());
+        for group in &groups {
+            let args = self.script_args(checks, group, "1", now, offset, None)?;
+            let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
+            calls.push((group_keys, args));
+        }
+        let inner = &self.inner;
+        let (values, first_error) = self
+            .guarded(async {
+                let replies = join_all(
+                    calls
+                        .iter()
+                        .map(|(k, a)| inner.conn.eval(&inner.check, k, a)),
+                )
+                .await;
+                // When every slot failed, the call failed. When only some did, the others are
+                // decoded below so that what they reserved can be given back.
+                let mut first_error = None;
+                let mut values = Vec::with_capacity(replies.len());
+                for reply in replies {
+                    match reply {
+                        Ok(v) => values.push(Some(v)),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                            values.push(None);
+                        }
+                    }
+                }
+                match first_error {
+                    Some(e) if values.iter().all(Option::is_none) => Err(e),
+                    first_error => Ok((values, first_error)),
+                }
+            })
+            .await?;
+        let mut per_group: Vec<Option<Vec<Reply>>> = Vec::with_capacity(groups.len());
+        let mut decode_error = None;
+        for (value, group) in values.into_iter().zip(&groups) {
+            match value.map(|v| decode_replies(v, group.iter().map(|&i| checks[i].policy.limit())))
+            {
+                Some(Ok(r)) => per_group.push(Some(r)),
+                Some(Err(e)) => {
+                    decode_error.get_or_insert(e);
+                    per_group.push(None);
+                }
+                None => per_group.push(None),
+            }
+        }
+        let failed = first_error.is_some() || decode_error.is_some();
+        let all_allowed = !failed
+            && per_group.iter().all(|g| {
+                g.as_ref()
+                    .is_some_and(|r| r.iter().all(|r| r.decision.allowed))
+            });
+        if !all_allowed && groups.len() > 1 {
+            self.refund(checks, &keys, &groups, &per_group, now, offset)
+                .await;
+        }
+        if let Some(e) = first_error {
+            let err = self.store_error(&e);
+            if err.is_transient() {
+                inner.breaker.failure(Permit::Call);
+            }
+            return Err(err);
+        }
+        if let Some(e) = decode_error {
+            return Err(e);
+        }
+        let mut decisions = vec![None; checks.len()];
+        for (group, replies) in groups.iter().zip(per_group) {
+            for (&i, r) in group.iter().zip(replies.unwrap_or_default()) {
+                decisions[i] = Some(r.decision);
+            }
+        }
+        decisions
+            .into_iter()
+            .map(|d| {
+                d.ok_or_else(|| {
+                    StoreError::Rejected("the check script left a check undecided".to_owned())
+                })
+            })
+            .collect()
+    }
+
+    /// Gives back what the slots that admitted reserved, when another slot refused or failed.
+    async fn refund(
+        &self,
+        checks: &[Check<'_>],
+        keys: &[String],
+        groups: &[Vec<usize>],
+        replies: &[Option<Vec<Reply>>],
+        now: Timestamp,
+        offset: i64,
+    ) {
+        let inner = &self.inner;
+        let mut calls = Vec::new();
+        for (group, replies) in groups.iter().zip(replies) {
+            let Some(replies) = replies else { continue };
+            if !replies.iter().all(|r| r.decision.allowed) {
+                continue; // this slot refused, so it committed nothing
+            }
+            if checks
+                .iter()
+                .enumerate()
+                .all(|(i, c)| !group.contains(&i) || c.cost == 0)
+            {
+                continue;
+            }
+            match self.script_args(checks, group, "0", now, offset, Some(replies)) {
+                Ok(args) => calls.push((group.iter().map(|&i| keys[i].clone()).collect(), args)),
+                Err(_) => {
+                    inner.refund_failures.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        if calls.is_empty() {
+            return;
+        }
+        inner.refunds.fetch_add(1, Ordering::Relaxed);
+        let run = join_all(
+            calls
+                .iter()
+                .map(|(k, a): &(Vec<String>, Vec<String>)| inner.conn.eval(&inner.refund, k, a)),
+        );
+        match tokio::time::timeout(inner.timeout, run).await {
+            Ok(results) => {
+                let failed = results.iter().filter(|r| r.is_err()).count() as u64;
+                inner.refund_failures.fetch_add(failed, Ordering::Relaxed);
+            }
+            Err(_) => {
+                inner
+                    .refund_failures
+                    .fetch_add(calls.len() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Check indices grouped by the slot their key falls in, in order of first appearance; one
+    /// group for everything when not on a Cluster.
+    fn groups(&self, keys: &[String]) -> Vec<Vec<usize>> {
+        if !self.inner.cluster {
+            return vec![(0..keys.len()).collect()];
+        }
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let s = slot(k.as_bytes());
+            match groups.iter_mut().find(|(g, _)| *g == s) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((s, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, m)| m).collect()
+    }
+
+    async fn peek_one(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {
+        let offset = self.time_offset();
+        let now = app_now(offset);
+        let check = [Check::new(key, policy, 0)];
+        let args = self.script_args(&check, &[0], "0", now, offset, None)?;
+        let keys = [self.key_of(key)];
+        let inner = &self.inner;
+        let value = self
+            .guarded(inner.conn.eval(&inner.check, &keys, &args))
+            .await?;
+        let mut replies = decode_replies(value, std::iter::once(policy.limit()))?;
+        replies
+            .pop()
+            .map(|r| r.decision)
+            .ok_or_else(|| StoreError::Rejected("the check script returned nothing".to_owned()))
+    }
+
+    async fn remove(&self, key: &str) -> StoreResult<bool> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(self.key_of(key));
+        match self.guarded(self.inner.conn.send(&cmd)).await? {
+            Value::Int(n) => Ok(n > 0),
+            other => Err(StoreError::Rejected(format!(
+                "redis answered DEL with {other:?}"
+            ))),
+        }
+    }
+}
+
+impl Store for RedisStore {
+    async fn check(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.check_all(checks).await
+    }
+
+    async fn peek(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {
+        self.peek_one(key, policy).await
+    }
+
+    async fn reset(&self, key: &str) -> StoreResult<bool> {
+        self.remove(key).await
+    }
+}
