@@ -62,7 +62,7 @@ pub(crate) const KEY_SUFFIX_LEN: usize = 2 + 16;
 pub(crate) fn close_key(mut buf: String, policy_id: &str) -> String {
     if buf.len() - 1 > MAX_IDENTITY_LEN {
         let mut h = SipHasher13x128::new_with_keys(KEY0, KEY1);
-        h.write(buf[1..].as_bytes());
+        h.write(&buf.as_bytes()[1..]);
         buf.clear();
         let _ = write!(buf, "{{#{:032x}", h.finish128().as_u128());
     }
