@@ -161,6 +161,12 @@ pub async fn multi_checks_are_all_or_nothing<B: Backend>(b: &B) {
         assert_eq!(ds.len(), 2);
         assert_eq!(ds[0].allowed, expected);
         assert!(ds[1].allowed, "the daily limit alone would admit");
+        if !expected {
+            assert_eq!(
+                ds[1].remaining, 8,
+                "a refused request reports the day as it stands"
+            );
+        }
     }
     // The three refused requests did not burn the daily quota.
     let d = one(b, "suite:atomic:day", &day, 0).await;

@@ -112,11 +112,20 @@ pub struct Server {
 impl Server {
     /// Loads the rules, opens the store, binds both listeners and starts serving.
     pub async fn start(options: ServeOptions) -> Result<Server, StartError> {
+        let store = store_url::open(&options.store).await?;
+        Self::start_with_store(options, store).await
+    }
+
+    /// Starts serving on a store built by the caller, ignoring `options.store`: how tests run
+    /// the service on a store with a fake clock, and how an embedder shares one store.
+    pub async fn start_with_store(
+        options: ServeOptions,
+        store: Arc<dyn sluice_core::DynStore>,
+    ) -> Result<Server, StartError> {
         let reloader = Reloader::new(options.config.clone())?;
         let watcher = reloader
             .watch(options.reload_debounce)
             .map_err(|e| StartError::Watch(e.to_string()))?;
-        let store = store_url::open(&options.store).await?;
         let limiter = Arc::new(Limiter::new(reloader, store, Arc::new(Metrics::new())));
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)

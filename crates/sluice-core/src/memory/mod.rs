@@ -269,7 +269,7 @@ impl<C: Clock> MemoryStore<C> {
                     entry.limited |= !d.allowed;
                 }
             }
-            return Ok(decisions);
+            return Ok(unconsumed(checks, decisions));
         }
         for ((c, (fp, s)), (update, d)) in checks
             .iter()
@@ -372,6 +372,17 @@ struct Repeated {
     state: Option<state::State>,
     /// The last admitting decision on it, which describes the state to store.
     last: Option<Decision>,
+}
+
+/// The decisions of a refused multi-key request: a check that would have admitted reports its
+/// counter as it stands, since the request consumed nothing from it.
+pub(crate) fn unconsumed(checks: &[Check<'_>], mut decisions: Vec<Decision>) -> Vec<Decision> {
+    for (c, d) in checks.iter().zip(&mut decisions) {
+        if d.allowed {
+            d.remaining = d.remaining.saturating_add(c.cost).min(d.limit);
+        }
+    }
+    decisions
 }
 
 /// Whether a counter left by decision `d` counts as limited for eviction.

@@ -1,0 +1,659 @@
+//! The service end to end: a real server on loopback ports, a real gRPC client and a real HTTP
+//! client. Counters live in a memory store on a fake clock, so no test depends on timing.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor,
+    rate_limit_descriptor::{Entry, RateLimitOverride},
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest, rate_limit_response::Code, rate_limit_response::rate_limit::Unit,
+};
+use serde_json::{Value, json};
+use sluice_core::{FakeClock, MemoryStore, Timestamp};
+use sluice_http::HeaderStyle;
+use sluice_server::{Outcome, ServeOptions, Server};
+
+const RULES: &str = r#"
+domain: shop
+descriptors:
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: account
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: beta
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: bot
+    value: evil
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: health
+    rate_limit: {unlimited: true}
+  - key: user
+    limits:
+      - name: burst
+        algorithm: token_bucket
+        requests_per_unit: 2
+        unit: second
+      - name: daily
+        requests_per_unit: 5
+        window: 1d
+"#;
+
+struct Harness {
+    server: Server,
+    clock: FakeClock,
+    dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl Harness {
+    async fn start() -> Harness {
+        Self::start_with(|_| {}).await
+    }
+
+    async fn start_with(configure: impl FnOnce(&mut ServeOptions)) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let rules = dir.path().join("rules.yaml");
+        std::fs::write(&rules, RULES).unwrap();
+        let mut options = ServeOptions::new(vec![rules]);
+        options.http_addr = "127.0.0.1:0".parse().unwrap();
+        options.grpc_addr = "127.0.0.1:0".parse().unwrap();
+        configure(&mut options);
+        // Midnight UTC, so every aligned window starts here and none ends during a test.
+        let clock = FakeClock::at(Timestamp::from_secs(20_000 * 86_400));
+        let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+        let server = Server::start_with_store(options, store).await.unwrap();
+        Harness {
+            server,
+            clock,
+            dir,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    fn rules_path(&self) -> PathBuf {
+        self.dir.path().join("rules.yaml")
+    }
+
+    async fn grpc(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.server.grpc_addr()))
+            .await
+            .unwrap()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.server.http_addr())
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value, reqwest::header::HeaderMap) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let body = r.json().await.unwrap_or(Value::Null);
+        (status, body, headers)
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "shop".into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+#[tokio::test]
+async fn grpc_limits_a_client_and_reports_envoy_statuses() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    for remaining in [2, 1, 0] {
+        let r = client
+            .should_rate_limit(request(vec![descriptor(&[("client", "a")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let s = &r.statuses[0];
+        assert_eq!(s.code, Code::Ok as i32);
+        assert_eq!(s.limit_remaining, remaining);
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (3, Unit::Minute as i32)
+        );
+        assert_eq!(s.duration_until_reset.as_ref().unwrap().seconds, 60);
+    }
+    let r = client
+        .should_rate_limit(request(vec![descriptor(&[("client", "a")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    // Another client has its own counter; after the minute the first is back.
+    let r = client
+        .should_rate_limit(request(vec![descriptor(&[("client", "b")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    h.clock.advance(Duration::from_secs(60));
+    let r = client
+        .should_rate_limit(request(vec![descriptor(&[("client", "a")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let metrics = h.server.limiter().metrics();
+    assert_eq!(
+        metrics.decisions_of("shop", "shop/client", Outcome::Limited),
+        1
+    );
+    assert_eq!(
+        metrics.decisions_of("shop", "shop/client", Outcome::Allowed),
+        5
+    );
+}
+
+#[tokio::test]
+async fn hits_addend_counts_as_the_proto_says() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    // Request-level 0 counts as 1.
+    let r = client
+        .should_rate_limit(request(vec![descriptor(&[("client", "c")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    // A present per-descriptor 0 checks without consuming, overriding the request's 2.
+    let mut d = descriptor(&[("client", "c")]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let mut req = request(vec![d]);
+    req.hits_addend = 2;
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 2)
+    );
+    // The request's 2 applies to a descriptor without its own.
+    let mut req = request(vec![descriptor(&[("client", "c")])]);
+    req.hits_addend = 2;
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+}
+
+#[tokio::test]
+async fn a_refused_request_consumes_nothing_from_any_descriptor() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    let both = || {
+        request(vec![
+            descriptor(&[("account", "acme")]),
+            descriptor(&[("bot", "evil")]),
+        ])
+    };
+    for _ in 0..5 {
+        let r = client.should_rate_limit(both()).await.unwrap().into_inner();
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        assert_eq!(r.statuses[0].code, Code::Ok as i32);
+        assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+    }
+    let r = client
+        .should_rate_limit(request(vec![descriptor(&[("account", "acme")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.statuses[0].limit_remaining, 99,
+        "the refused requests did not count"
+    );
+}
+
+#[tokio::test]
+async fn shadow_mode_answers_ok_with_nothing_remaining() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    let first = client
+        .should_rate_limit(request(vec![descriptor(&[("beta", "x")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    let second = client
+        .should_rate_limit(request(vec![descriptor(&[("beta", "x")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.overall_code, Code::Ok as i32);
+    assert_eq!(second.statuses[0].code, Code::Ok as i32);
+    assert_eq!(second.statuses[0].limit_remaining, 0);
+    let metrics = h.server.limiter().metrics();
+    assert_eq!(
+        metrics.decisions_of("shop", "shop/beta", Outcome::ShadowLimited),
+        1
+    );
+    // The native API still tells it apart.
+    let (status, body, _) = h
+        .post("/v1/check", &json!({"domain": "shop", "descriptors": [{"entries": [{"key": "beta", "value": "x"}]}]}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body["descriptors"][0]["limits"][0]["outcome"],
+        "shadow_limited"
+    );
+}
+
+#[tokio::test]
+async fn unknown_domains_and_unlimited_descriptors_pass() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    let mut req = request(vec![descriptor(&[("client", "a")])]);
+    req.domain = "nobody".into();
+    for _ in 0..10 {
+        let r = client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let r = client
+            .should_rate_limit(request(vec![descriptor(&[("health", "x")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert!(r.statuses[0].current_limit.is_none());
+    }
+}
+
+#[tokio::test]
+async fn a_per_request_limit_override_replaces_the_rule() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    let mut d = descriptor(&[("client", "o")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Hour as i32,
+    });
+    let r = client
+        .should_rate_limit(request(vec![d.clone()]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, Unit::Hour as i32)
+    );
+    let r = client
+        .should_rate_limit(request(vec![d]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+}
+
+#[tokio::test]
+async fn invalid_grpc_requests_get_invalid_argument_with_a_reason() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    let cases = [
+        (
+            RateLimitRequest {
+                domain: String::new(),
+                descriptors: vec![descriptor(&[("a", "b")])],
+                hits_addend: 0,
+            },
+            "domain",
+        ),
+        (request(vec![]), "descriptors"),
+        (request(vec![descriptor(&[])]), "descriptors[0].entries"),
+        (request(vec![descriptor(&[("", "v")])]), "key"),
+        (
+            request((0..65).map(|_| descriptor(&[("a", "b")])).collect()),
+            "limit of 64",
+        ),
+        (
+            request(vec![descriptor(&[("a", &"x".repeat(2000))])]),
+            "value",
+        ),
+    ];
+    for (req, needle) in cases {
+        let status = client.should_rate_limit(req).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains(needle), "{}", status.message());
+    }
+}
+
+#[tokio::test]
+async fn grpc_answers_carry_ratelimit_headers_when_asked() {
+    let h = Harness::start_with(|o| o.grpc_headers = HeaderStyle::Both).await;
+    let mut client = h.grpc().await;
+    let r = client
+        .should_rate_limit(request(vec![descriptor(&[("user", "u")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    let get = |name: &str| {
+        r.response_headers_to_add
+            .iter()
+            .find(|h| h.key == name)
+            .map(|h| h.value.clone())
+    };
+    assert_eq!(
+        get("ratelimit-policy").unwrap(),
+        r#""burst";q=2;w=1, "daily";q=5;w=86400"#
+    );
+    assert_eq!(
+        get("ratelimit").unwrap(),
+        r#""burst";r=1;t=1, "daily";r=4;t=86400"#
+    );
+    assert_eq!(get("x-ratelimit-remaining").unwrap(), "1");
+}
+
+#[tokio::test]
+async fn grpc_health_reports_serving() {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let h = Harness::start().await;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", h.server.grpc_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut health = HealthClient::new(channel);
+    let r = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.status, 1, "SERVING");
+}
+
+#[tokio::test]
+async fn json_endpoint_speaks_envoys_json() {
+    let h = Harness::start().await;
+    let body = json!({"domain": "shop", "descriptors": [{"entries": [{"key": "client", "value": "j"}]}], "hits_addend": 3});
+    let (status, r, _) = h.post("/json", &body).await;
+    assert_eq!(status, 200);
+    assert_eq!(r["overallCode"], "OK");
+    assert_eq!(r["statuses"][0]["code"], "OK");
+    assert_eq!(
+        r["statuses"][0]["currentLimit"],
+        json!({"requestsPerUnit": 3, "unit": "MINUTE"})
+    );
+    assert_eq!(r["statuses"][0]["durationUntilReset"], "60s");
+    assert!(
+        r["statuses"][0].get("limitRemaining").is_none(),
+        "zero is omitted, as protobuf JSON does"
+    );
+    let (status, r, _) = h.post("/json", &body).await;
+    assert_eq!(status, 429);
+    assert_eq!(r["overallCode"], "OVER_LIMIT");
+}
+
+#[tokio::test]
+async fn native_check_returns_decisions_and_headers() {
+    let h = Harness::start().await;
+    let body =
+        json!({"domain": "shop", "descriptors": [{"entries": [{"key": "user", "value": "n"}]}]});
+    for _ in 0..2 {
+        let (status, _, _) = h.post("/v1/check", &body).await;
+        assert_eq!(status, 200);
+    }
+    let (status, r, headers) = h.post("/v1/check", &body).await;
+    assert_eq!(status, 429);
+    assert_eq!(r["allowed"], false);
+    let limits = &r["descriptors"][0]["limits"];
+    assert_eq!(limits[0]["name"], "burst");
+    assert_eq!(limits[0]["allowed"], false);
+    assert_eq!(limits[0]["retry_after"], 0.5);
+    assert_eq!(limits[1]["name"], "daily");
+    assert_eq!(
+        limits[1]["remaining"], 3,
+        "the burst refusal did not burn the daily quota"
+    );
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(
+        headers["ratelimit"],
+        r#""burst";r=0;t=1, "daily";r=3;t=86400"#
+    );
+    // A cost of its own per descriptor.
+    h.clock.advance(Duration::from_secs(1));
+    let body = json!({"domain": "shop", "descriptors": [{"entries": [{"key": "user", "value": "n"}], "cost": 2}]});
+    let (_, r, _) = h.post("/v1/check", &body).await;
+    assert_eq!(r["descriptors"][0]["limits"][1]["remaining"], 1);
+}
+
+#[tokio::test]
+async fn bad_http_input_gets_a_problem_naming_the_field() {
+    let h = Harness::start().await;
+    let cases = [
+        (json!({"domain": 7, "descriptors": []}), 400, "domain"),
+        (
+            json!({"domain": "shop", "descriptors": [{"entries": [{"key": "a", "value": 1}]}]}),
+            400,
+            "descriptors[0].entries[0].value",
+        ),
+        (json!({"domain": "shop"}), 400, ""),
+        (
+            json!({"domain": "shop", "descriptors": [{"entries": [{"key": "a"}], "limit": {"requests_per_unit": 1, "unit": "fortnight"}}]}),
+            400,
+            "descriptors[0].limit.unit",
+        ),
+    ];
+    for (body, status, field) in cases {
+        for path in ["/json", "/v1/check"] {
+            let r = h.http.post(h.url(path)).json(&body).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), status, "{path} {body}");
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+            let problem: Value = r.json().await.unwrap();
+            assert!(!problem["detail"].as_str().unwrap().is_empty());
+            if !field.is_empty() {
+                assert_eq!(problem["field"], field, "{problem}");
+            }
+        }
+    }
+    let r = h
+        .http
+        .post(h.url("/json"))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let r = h
+        .http
+        .post(h.url("/json"))
+        .body(vec![b' '; 100_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let r = h.http.get(h.url("/nope")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let h = Harness::start().await;
+    for path in ["/healthz", "/readyz"] {
+        let r = h.http.get(h.url(path)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+    }
+    let body =
+        json!({"domain": "shop", "descriptors": [{"entries": [{"key": "bot", "value": "evil"}]}]});
+    h.post("/json", &body).await;
+    let text = h
+        .http
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(
+            r#"sluice_decisions_total{domain="shop",rule="shop/bot=evil",outcome="limited"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains("sluice_decision_latency_seconds_count 1"));
+    assert!(text.contains("sluice_tracked_keys"));
+    assert!(text.contains("sluice_rule_reloads_total 0"));
+    assert!(text.contains("sluice_rule_reload_failures_total 0"));
+    assert!(text.contains(r#"sluice_build_info{version="#));
+    assert!(text.contains(r#"sluice_top_limited_keys{key="{shop|bot=evil}:"#));
+}
+
+#[tokio::test]
+async fn admin_shows_reloads_inspects_and_resets() {
+    let h = Harness::start().await;
+    let rules: Value = h
+        .http
+        .get(h.url("/v1/rules"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(rules["domains"][0]["domain"], "shop");
+
+    // Exhaust a client, find its counter, inspect it and reset it.
+    let body =
+        json!({"domain": "shop", "descriptors": [{"entries": [{"key": "client", "value": "z"}]}]});
+    let mut key = String::new();
+    for _ in 0..4 {
+        let (_, r, _) = h.post("/v1/check", &body).await;
+        key = r["descriptors"][0]["limits"][0]["key"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    }
+    let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+    let state: Value = h
+        .http
+        .get(h.url(&format!("/v1/keys/{encoded}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(state["remaining"], 0);
+    assert_eq!(state["limited"], true);
+    let reset: Value = h
+        .http
+        .delete(h.url(&format!("/v1/keys/{encoded}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(reset["reset"], true);
+    let (status, _, _) = h.post("/v1/check", &body).await;
+    assert_eq!(status, 200, "unblocked");
+    let r = h
+        .http
+        .get(h.url("/v1/keys/%7Bshop%7Cclient%3Dz%7D%3Aabc"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+
+    // A broken file is refused with its location and the old rules stay.
+    std::fs::write(h.rules_path(), "domain: shop\ndescriptors:\n  - key: client\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
+    let r = h.http.post(h.url("/v1/reload")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    let problem: Value = r.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("rules.yaml:4:"),
+        "{problem}"
+    );
+    // A valid one takes over.
+    std::fs::write(h.rules_path(), "domain: shop\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n").unwrap();
+    let r: Value = h
+        .http
+        .post(h.url("/v1/reload"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        r["result"] == "reloaded" || r["result"] == "unchanged",
+        "{r}"
+    );
+    let (_, r, _) = h.post("/v1/check", &body).await;
+    assert_eq!(r["descriptors"][0]["limits"][0]["limit"], 1000);
+}
+
+#[tokio::test]
+async fn graceful_shutdown_stops_both_listeners() {
+    let h = Harness::start().await;
+    let (http, grpc) = (h.server.http_addr(), h.server.grpc_addr());
+    let (status, _, _) = h
+        .post(
+            "/json",
+            &json!({"domain": "shop", "descriptors": [{"entries": [{"key": "a"}]}]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    tokio::time::timeout(Duration::from_secs(10), h.server.shutdown())
+        .await
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(http).await.is_err());
+    assert!(tokio::net::TcpStream::connect(grpc).await.is_err());
+}
+
+#[tokio::test]
+async fn invalid_rules_stop_the_start_with_their_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, "domain: x\ndescriptors:\n  - key: a\n    rate_limt: {unit: second, requests_per_unit: 1}\n").unwrap();
+    let mut options = ServeOptions::new(vec![path]);
+    options.http_addr = "127.0.0.1:0".parse().unwrap();
+    options.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    let err = Server::start(options).await.unwrap_err().to_string();
+    assert!(err.contains("bad.yaml:4:5"), "{err}");
+    assert!(
+        err.contains("rate_limit"),
+        "suggests the right field: {err}"
+    );
+}
