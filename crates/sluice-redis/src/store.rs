@@ -42,6 +42,9 @@ struct Inner {
     breaker: Breaker,
     /// Nanoseconds added to Redis time by every script: a test and skew hook, 0 in production.
     offset: AtomicI64,
+    /// Nanoseconds added to the application clock where the store reads it (only to pick a
+    /// reference window start): a test hook that shows application skew changes nothing.
+    app_skew: AtomicI64,
     /// Cross-slot refunds that failed, leaving their reservation until the counter refills.
     refund_failures: AtomicU64,
     /// Requests whose checks spanned slots and were reserved and refunded.
@@ -114,6 +117,7 @@ impl RedisStore {
                 cool_down: options.breaker_cool_down,
                 breaker: Breaker::new(options.breaker_threshold, options.breaker_cool_down),
                 offset: AtomicI64::new(0),
+                app_skew: AtomicI64::new(0),
                 refund_failures: AtomicU64::new(0),
                 refunds: AtomicU64::new(0),
                 check: Script::new(scripts::CHECK),
@@ -179,6 +183,21 @@ impl RedisStore {
             });
     }
 
+    /// **Test and skew hook.** Shifts this process's clock, as the store sees it, by `nanos`.
+    ///
+    /// The store reads the application clock only to name some window start near now for
+    /// clock-aligned windows; the script then finds the window `now` falls in on Redis time.
+    /// Decisions therefore do not depend on the application clock, which tests show by skewing
+    /// it by hours.
+    pub fn set_app_clock_skew(&self, nanos: i64) {
+        self.inner.app_skew.store(nanos, Ordering::SeqCst);
+    }
+
+    /// The application's time as the store uses it: the wall clock, shifted by both hooks.
+    fn app_now(&self, offset: i64) -> Timestamp {
+        app_now(offset.saturating_add(self.inner.app_skew.load(Ordering::Relaxed)))
+    }
+
     /// Runs `call` through the breaker and the timeout, and records how it went.
     async fn guarded<T>(&self, call: impl Future<Output = RedisResult<T>>) -> StoreResult<T> {
         let inner = &self.inner;
@@ -240,7 +259,7 @@ impl RedisStore {
 
     async fn check_all(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
         let offset = self.time_offset();
-        let now = app_now(offset);
+        let now = self.app_now(offset);
         let keys: Vec<String> = checks.iter().map(|c| self.key_of(c.key)).collect();
         let groups = self.groups(&keys);
         let mut calls = Vec::with_capacity(groups.len());
@@ -316,14 +335,24 @@ impl RedisStore {
                 decisions[i] = Some(r.decision);
             }
         }
-        decisions
+        let mut decisions = decisions
             .into_iter()
             .map(|d| {
                 d.ok_or_else(|| {
                     StoreError::Rejected("the check script left a check undecided".to_owned())
                 })
             })
-            .collect()
+            .collect::<StoreResult<Vec<Decision>>>()?;
+        if !all_allowed {
+            // The request consumed nothing, so a check that would have admitted reports its
+            // counter as it stands, as the memory store does.
+            for (c, d) in checks.iter().zip(&mut decisions) {
+                if d.allowed {
+                    d.remaining = d.remaining.saturating_add(c.cost).min(d.limit);
+                }
+            }
+        }
+        Ok(decisions)
     }
 
     /// Gives back what the slots that admitted reserved, when another slot refused or failed.
@@ -398,7 +427,7 @@ impl RedisStore {
 
     async fn peek_one(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {
         let offset = self.time_offset();
-        let now = app_now(offset);
+        let now = self.app_now(offset);
         let check = [Check::new(key, policy, 0)];
         let args = self.script_args(&check, &[0], "0", now, offset, None)?;
         let keys = [self.key_of(key)];

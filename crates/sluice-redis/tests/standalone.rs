@@ -1,8 +1,196 @@
 //! The Redis store on one `redis-server`: the shared backend suite, and what only a shared
-//! store can show.
+//! store can show: exactness across instances, skewed application clocks, key layout and TTLs.
 
 mod harness;
 
-use harness::standalone_backend;
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::{
+    fifty_per_hour, name, offset_to_window_start, shared_server, standalone_backend, test_options,
+};
+use sluice_core::{Alignment, Check, FixedWindow, Policy, SlidingCounter, Store};
+use sluice_redis::RedisStore;
 
 sluice_core::backend_suite!(standalone_backend());
+
+/// Three stores (three instances' worth of connections) on one Redis, with 64 concurrent clients
+/// spread over them on one key: exactly the limit gets through, for every algorithm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_sharing_one_redis_admit_exactly_the_limit() {
+    let server = shared_server();
+    let options = test_options();
+    let offset = offset_to_window_start(server.port, Duration::from_secs(3600));
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::connect(&server.url(), options.clone())
+            .await
+            .unwrap();
+        store.set_time_offset(offset);
+        stores.push(store);
+    }
+    for policy in fifty_per_hour() {
+        let policy = Arc::new(policy);
+        let key = format!("instances:{}", name(&policy));
+        let clients: Vec<_> = (0..64)
+            .map(|i| {
+                let store = stores[i % 3].clone();
+                let (policy, key) = (policy.clone(), key.clone());
+                tokio::spawn(async move {
+                    let mut admitted = 0;
+                    for _ in 0..3 {
+                        let d = store.check(&[Check::new(&key, &policy, 1)]).await.unwrap();
+                        admitted += u32::from(d[0].allowed);
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for c in clients {
+            admitted += c.await.unwrap();
+        }
+        assert_eq!(admitted, 50, "{}", name(&policy));
+        let left = stores[1].peek(&key, &policy).await.unwrap();
+        assert_eq!(left.remaining, 0, "{}", name(&policy));
+    }
+}
+
+/// Instances whose own clocks are hours apart decide clock-aligned windows identically: the
+/// scripts read Redis TIME, and the application clock only names some window start near now.
+#[tokio::test]
+async fn skewed_application_clocks_do_not_matter() {
+    let server = shared_server();
+    let options = test_options();
+    let offset = offset_to_window_start(server.port, Duration::from_secs(60));
+    let hour = 3_600_000_000_000_i64;
+    let mut stores = Vec::new();
+    for skew in [-5 * hour, 0, 7 * hour + 123_456_789] {
+        let store = RedisStore::connect(&server.url(), options.clone())
+            .await
+            .unwrap();
+        store.set_time_offset(offset);
+        store.set_app_clock_skew(skew);
+        stores.push(store);
+    }
+    let minute = Duration::from_secs(60);
+    let policies = [
+        Policy::from(FixedWindow::new(6, minute, Alignment::Clock { utc_offset_secs: 0 }).unwrap()),
+        Policy::from(
+            FixedWindow::new(
+                6,
+                minute,
+                Alignment::Clock {
+                    utc_offset_secs: 19_800,
+                },
+            )
+            .unwrap(),
+        ),
+        Policy::from(SlidingCounter::new(6, minute).unwrap()),
+    ];
+    for policy in &policies {
+        let key = format!("skew:{}", name(policy));
+        let mut admitted = 0;
+        let mut resets = Vec::new();
+        for i in 0..12 {
+            let d = stores[i % 3]
+                .check(&[Check::new(&key, policy, 1)])
+                .await
+                .unwrap();
+            admitted += u32::from(d[0].allowed);
+            if d[0].allowed {
+                resets.push(d[0].reset_after);
+            }
+        }
+        assert_eq!(admitted, 6, "{}", name(policy));
+        // Every instance sees the same window end (to within the milliseconds between calls).
+        let spread = resets
+            .iter()
+            .max()
+            .unwrap()
+            .saturating_sub(*resets.iter().min().unwrap());
+        assert!(
+            spread < Duration::from_secs(1),
+            "{}: {resets:?}",
+            name(policy)
+        );
+        // One minute later, by Redis time, every instance sees a fresh window.
+        for s in &stores {
+            s.advance_time(minute * 2);
+        }
+        let d = stores[2]
+            .check(&[Check::new(&key, policy, 1)])
+            .await
+            .unwrap();
+        assert!(d[0].allowed, "{}", name(policy));
+        for s in &stores {
+            s.set_time_offset(offset);
+        }
+    }
+}
+
+/// Keys are `prefix:{identity}`, braces in the identity are escaped, and every written key has a
+/// TTL no longer than the time until its counter is full again (plus a second).
+#[tokio::test]
+async fn keys_carry_the_prefix_the_tag_and_a_ttl() {
+    let server = shared_server();
+    let store = RedisStore::connect(&server.url(), test_options().prefix("layout"))
+        .await
+        .unwrap();
+    let identity = "api|user={evil}";
+    assert_eq!(store.key_of(identity), "layout:{api|user=\\(evil\\)}");
+    for policy in fifty_per_hour() {
+        let key = format!("{identity}:{}", name(&policy));
+        let d = store.check(&[Check::new(&key, &policy, 1)]).await.unwrap();
+        assert!(d[0].allowed);
+        let ttl: i64 = server
+            .command(&["PTTL", &store.key_of(&key)])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(ttl > 0, "{}: a TTL is set", name(&policy));
+        let bound = d[0].reset_after.as_millis() as i64 + 1_001;
+        assert!(ttl <= bound, "{}: {ttl} ms > {bound} ms", name(&policy));
+        assert!(store.reset(&key).await.unwrap());
+    }
+    // A denial or a cost-0 check on a new key writes nothing.
+    let p = &fifty_per_hour()[0];
+    store.check(&[Check::new("never", p, 0)]).await.unwrap();
+    store.check(&[Check::new("never", p, 51)]).await.unwrap();
+    assert_eq!(
+        server
+            .command(&["EXISTS", &store.key_of("never")])
+            .unwrap()
+            .trim(),
+        "0"
+    );
+}
+
+/// A counter whose policy changes algorithm starts afresh, as in the memory store (one whose
+/// parameters change keeps its state), and the
+/// other shape of state (hash or list) does not get in the way.
+#[tokio::test]
+async fn a_key_that_changes_algorithm_starts_afresh() {
+    let server = shared_server();
+    let store = RedisStore::connect(&server.url(), test_options())
+        .await
+        .unwrap();
+    let policies = fifty_per_hour();
+    for a in &policies {
+        for b in &policies {
+            let key = format!("switch:{}:{}", name(a), name(b));
+            for _ in 0..3 {
+                store.check(&[Check::new(&key, a, 1)]).await.unwrap();
+            }
+            let d = store.check(&[Check::new(&key, b, 1)]).await.unwrap();
+            assert!(d[0].allowed);
+            let expected = if a.algorithm() == b.algorithm() {
+                46
+            } else {
+                49
+            };
+            assert_eq!(d[0].remaining, expected, "{} then {}", name(a), name(b));
+        }
+    }
+}

@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_core::testing::Backend;
+use sluice_core::{
+    Alignment, FixedWindow, Gcra, LeakyQueue, Policy, Rate, SlidingCounter, SlidingLog, TokenBucket,
+};
 use sluice_redis::{RedisOptions, RedisStore};
 
 /// How long a server may take to come up before the test gives up.
@@ -256,8 +259,41 @@ pub fn redis_time_nanos(port: u16) -> i64 {
 /// time, which keeps moving (a few milliseconds per test); without this, a clock-aligned window
 /// rolling over mid-test would make an exact count flaky.
 pub fn offset_to_second_start(port: u16) -> i64 {
-    let phase = redis_time_nanos(port).rem_euclid(1_000_000_000);
-    1_000_000_000 - phase + 20_000_000
+    offset_to_window_start(port, Duration::from_secs(1))
+}
+
+/// The offset that puts a store's time 20 ms after the start of a clock-aligned `window`.
+pub fn offset_to_window_start(port: u16, window: Duration) -> i64 {
+    let w = i64::try_from(window.as_nanos()).expect("a window below 292 years");
+    let phase = redis_time_nanos(port).rem_euclid(w);
+    w - phase + 20_000_000
+}
+
+/// One policy per algorithm with a limit of 50 that does not refill in the seconds a test runs,
+/// so that a count of admissions is exact however slow the machine.
+pub fn fifty_per_hour() -> Vec<Policy> {
+    let hour = Duration::from_secs(3600);
+    let slow = Rate::per_minute(1);
+    vec![
+        TokenBucket::new(50, slow).map(Policy::from),
+        Gcra::new(slow, 50).map(Policy::from),
+        LeakyQueue::new(slow, 49, hour).map(Policy::from),
+        FixedWindow::new(50, hour, Alignment::FirstRequest).map(Policy::from),
+        FixedWindow::new(50, hour, Alignment::Clock { utc_offset_secs: 0 }).map(Policy::from),
+        SlidingLog::new(50, hour).map(Policy::from),
+        SlidingCounter::new(50, hour).map(Policy::from),
+    ]
+    .into_iter()
+    .map(|p| p.expect("valid policy"))
+    .collect()
+}
+
+/// A name for a policy in assertion messages.
+pub fn name(p: &Policy) -> String {
+    match p {
+        Policy::FixedWindow(fw) => format!("fixed_window {:?}", fw.alignment()),
+        p => p.algorithm().to_string(),
+    }
 }
 
 /// A Redis store under the shared backend suite.
