@@ -322,6 +322,10 @@ async fn metrics(State(state): State<ApiState>) -> Response {
 
 /// Admin endpoints answer loopback peers, and others only with the admin token.
 fn authorize(state: &ApiState, peer: SocketAddr, headers: &HeaderMap) -> Result<(), Problem> {
+    admit_admin(state.admin_token.as_deref(), peer, headers)
+}
+
+fn admit_admin(token: Option<&str>, peer: SocketAddr, headers: &HeaderMap) -> Result<(), Problem> {
     if peer.ip().is_loopback() {
         return Ok(());
     }
@@ -329,7 +333,7 @@ fn authorize(state: &ApiState, peer: SocketAddr, headers: &HeaderMap) -> Result<
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match (&state.admin_token, presented) {
+    match (token, presented) {
         (Some(token), Some(p)) if constant_time_eq(token.as_bytes(), p.as_bytes()) => Ok(()),
         (None, _) => Err(Problem::new(
             StatusCode::FORBIDDEN,
@@ -477,4 +481,36 @@ async fn reset_key(
         .map_err(|e| Problem::new(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")))?;
     tracing::info!(counter, existed, "counter reset by admin");
     Ok(axum::Json(json!({ "key": counter, "reset": existed })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn admin_answers_loopback_or_the_token_only() {
+        let loopback: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let v6_loopback: SocketAddr = "[::1]:5000".parse().unwrap();
+        let remote: SocketAddr = "10.1.2.3:5000".parse().unwrap();
+        let none = HeaderMap::new();
+        assert!(admit_admin(None, loopback, &none).is_ok());
+        assert!(admit_admin(None, v6_loopback, &none).is_ok());
+        assert!(
+            admit_admin(None, remote, &bearer("s3cret")).is_err(),
+            "no token configured"
+        );
+        assert!(admit_admin(Some("s3cret"), remote, &none).is_err());
+        assert!(admit_admin(Some("s3cret"), remote, &bearer("wrong")).is_err());
+        assert!(admit_admin(Some("s3cret"), remote, &bearer("s3cre")).is_err());
+        assert!(admit_admin(Some("s3cret"), remote, &bearer("s3cret")).is_ok());
+    }
 }
