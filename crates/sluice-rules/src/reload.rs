@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
@@ -170,6 +170,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The longest a stream of changes delays a reload, in debounce periods.
+const MAX_DEBOUNCES: u32 = 10;
+
 enum Signal {
     Changed,
     Stop,
@@ -193,10 +196,14 @@ fn debounce_loop(reloader: &Reloader, rx: &mpsc::Receiver<Signal>, debounce: Dur
             Ok(Signal::Changed) => {}
             Ok(Signal::Stop) | Err(_) => return,
         }
+        // Wait for quiet, but not forever: a directory that never stops changing (a log
+        // written beside the rules) must not hold back reloads indefinitely.
+        let deadline = Instant::now() + debounce.saturating_mul(MAX_DEBOUNCES);
         loop {
-            match rx.recv_timeout(debounce) {
-                Ok(Signal::Changed) => continue,
-                Err(RecvTimeoutError::Timeout) => break,
+            let wait = debounce.min(deadline.saturating_duration_since(Instant::now()));
+            match rx.recv_timeout(wait) {
+                Ok(Signal::Changed) if Instant::now() < deadline => continue,
+                Ok(Signal::Changed) | Err(RecvTimeoutError::Timeout) => break,
                 Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => return,
             }
         }
