@@ -1,4 +1,9 @@
-//! HTTP glue for Sluice: how a decision is told to an HTTP client.
+//! HTTP front ends for Sluice.
+//!
+//! - [`Limiter`] is the one decision path every front end ends in: descriptors, rules, checks,
+//!   store, verdict, with fallback on store errors and metrics. The service (`sluice serve`),
+//!   the gateway and the tower layer all call it, so nothing about limiting is decided twice.
+//! - [`rate_limit_headers`] tells a decision to an HTTP client.
 //!
 //! ```
 //! use std::time::Duration;
@@ -19,5 +24,10 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod headers;
+pub mod limiter;
+pub mod limits;
+pub mod metrics;
 
 pub use headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
+pub use limiter::{LimitRequest, Limiter, RequestDescriptor, Verdict};
+pub use metrics::{Metrics, Outcome};

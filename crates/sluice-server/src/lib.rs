@@ -19,11 +19,12 @@
 pub mod api;
 pub mod envoy;
 pub mod grpc;
-pub mod limiter;
-pub mod limits;
-pub mod metrics;
 pub mod problem;
 pub mod store_url;
+
+// The decision path lives in sluice-http so the gateway and the tower layer share it; the
+// service re-exports it under its old paths.
+pub use sluice_http::{limiter, limits, metrics};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
