@@ -81,9 +81,9 @@ pub enum ErrorKind {
         max: usize,
     },
     /// A field that this place does not know.
-    #[error("unknown field `{field}` in {context}{}; expected one of: {}",
+    #[error("unknown field `{field}` in {context}{}; {}",
             suggestion.map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default(),
-            expected.join(", "))]
+            expected_fields(expected))]
     UnknownField {
         /// The field as written.
         field: String,
@@ -251,6 +251,14 @@ pub enum ErrorKind {
         /// The line of the first one.
         first_line: usize,
     },
+}
+
+fn expected_fields(expected: &[&str]) -> String {
+    if expected.is_empty() {
+        "it takes no fields".to_owned()
+    } else {
+        format!("expected one of: {}", expected.join(", "))
+    }
 }
 
 /// Every problem found while loading rule files. A load reports them all at once, so the operator

@@ -475,3 +475,40 @@ fn syntax_error_inside_a_line() {
     assert_eq!((line, col), (2, 13), "{msg}");
     assert!(matches!(kind, ErrorKind::Syntax(_)), "{msg}");
 }
+
+#[test]
+fn an_action_without_parameters_says_so() {
+    let (line, col, _, msg) = error(
+        "domain: api
+action: {reject: {status: 500}}
+",
+    );
+    assert_eq!((line, col), (2, 19));
+    assert!(
+        msg.ends_with("unknown field `status` in the action's parameters; it takes no fields"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn deep_descriptor_nesting_loads_and_matches() {
+    let depth = 100;
+    let mut text = String::from("domain: deep\ndescriptors:\n");
+    for d in 0..depth {
+        let pad = "  ".repeat(2 * d + 1);
+        text.push_str(&format!(
+            "{pad}- key: k{d}\n{pad}  rate_limit: {{unit: second, requests_per_unit: {d}}}\n"
+        ));
+        if d + 1 < depth {
+            text.push_str(&format!("{pad}  descriptors:\n"));
+        }
+    }
+    let rules = RuleSet::parse("deep.yaml", &text).unwrap();
+    let entries: Vec<(String, String)> = (0..depth)
+        .map(|d| (format!("k{d}"), "v".to_owned()))
+        .collect();
+    let m = rules.checks("deep", &[entries], 1);
+    assert_eq!(m.checks.len(), 1);
+    assert_eq!(m.checks[0].rule.policy.limit(), depth as u64 - 1);
+    assert!(m.checks[0].key.len() <= sluice_rules::MAX_KEY_LEN);
+}
