@@ -155,6 +155,19 @@ pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// [`wait_until`] for async conditions, on the test's runtime.
+pub async fn eventually<F, Fut>(what: &str, mut ready: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + STARTUP;
+    while !ready().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A 3-master Redis Cluster.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
