@@ -217,3 +217,14 @@ async fn connecting_to_nothing_fails_with_the_target_named() {
     assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
     assert!(!msg.contains("secret"), "{msg}");
 }
+
+/// A TLS URL is refused plainly rather than connected in clear: this build has no TLS.
+#[tokio::test]
+async fn tls_urls_are_refused_until_tls_is_built_in() {
+    let err = RedisStore::connect("rediss://u:secret@127.0.0.1:6379", test_options())
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("TLS"), "{msg}");
+    assert!(!msg.contains("secret"), "{msg}");
+}
