@@ -10,8 +10,8 @@ use crate::ruleset::RuleSet;
 
 impl RuleSet {
     /// The policy whose counters are named like `key`, if a rule in force writes it. A key ends
-    /// in its policy's hash (see [`crate::key`]), so any rule with that policy identifies how to
-    /// read the counter.
+    /// in its policy's hash (see `docs/rules.md`, "Counter keys"), so any rule with that policy
+    /// identifies how to read the counter.
     pub fn policy_for_key(&self, key: &str) -> Option<Arc<Policy>> {
         let (_, wanted) = key.rsplit_once("}:")?;
         fn walk(descriptors: &[DescriptorConfig], wanted: &str) -> Option<Arc<Policy>> {
