@@ -20,7 +20,16 @@ use crate::model::{
 use crate::suggest::closest;
 use crate::yaml::{self, Node, NodeKind, parse_bool};
 
-const DOMAIN_FIELDS: &[&str] = &["domain", "descriptors", "action", "on_store_error"];
+mod routes;
+
+const DOMAIN_FIELDS: &[&str] = &[
+    "domain",
+    "descriptors",
+    "action",
+    "on_store_error",
+    "routes",
+    "trusted_proxies",
+];
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
     "value",
@@ -333,10 +342,14 @@ impl Decoder {
             Some(node) => self.descriptor_list(node, &inherited),
             None => Vec::new(),
         };
+        let gateway = name
+            .as_deref()
+            .and_then(|domain| self.gateway(&fields, domain));
         Some(DomainConfig {
             name: name?,
             location: self.at(name_node?),
             descriptors,
+            gateway,
         })
     }
 

@@ -251,6 +251,35 @@ pub enum ErrorKind {
         /// The line of the first one.
         first_line: usize,
     },
+    /// A value of the right type whose content is wrong, such as a malformed path pattern or
+    /// network.
+    #[error("`{field}` is `{value}`, which is not valid: {reason}")]
+    Invalid {
+        /// The field.
+        field: String,
+        /// The value as written.
+        value: String,
+        /// What is wrong, and what would be accepted.
+        reason: &'static str,
+    },
+    /// A route names something that is not there, such as a domain no file defines.
+    #[error("{what} `{name}` is not defined; {hint}")]
+    Undefined {
+        /// What kind of thing, such as "domain".
+        what: &'static str,
+        /// The name as written.
+        name: String,
+        /// Where it should be defined.
+        hint: &'static str,
+    },
+    /// The gateway section (`routes`, `trusted_proxies`) in two files.
+    #[error("`{field}` is already set at {first}; the gateway's routes live in one file")]
+    DuplicateGateway {
+        /// The field.
+        field: &'static str,
+        /// Where it was first set.
+        first: Location,
+    },
 }
 
 fn expected_fields(expected: &[&str]) -> String {

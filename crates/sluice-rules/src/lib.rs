@@ -48,6 +48,7 @@ mod lookup;
 mod matcher;
 mod model;
 mod reload;
+mod routes;
 mod ruleset;
 mod suggest;
 mod yaml;
@@ -59,4 +60,7 @@ pub use model::{
     Action, DescriptorConfig, DomainConfig, LimitConfig, OnStoreError, Unit, ValueMatch,
 };
 pub use reload::{ReloadEvent, ReloadStats, Reloader, Watcher};
+pub use routes::{
+    Cidr, EntrySpec, Gateway, HostMatch, PathPattern, Route, RouteHeaders, ValueSource, strip_port,
+};
 pub use ruleset::RuleSet;

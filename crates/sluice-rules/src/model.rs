@@ -174,6 +174,8 @@ pub struct DomainConfig {
     pub location: Location,
     /// The top-level descriptors.
     pub descriptors: Vec<DescriptorConfig>,
+    /// The gateway's `routes` and `trusted_proxies`, when this file holds them.
+    pub gateway: Option<crate::routes::Gateway>,
 }
 
 /// One descriptor rule: a key, an optional value, its limits and its children.

@@ -11,6 +11,7 @@ use crate::decode::decode_file;
 use crate::error::{ConfigError, ErrorKind, LoadError, Location};
 use crate::matcher::{CompiledDomain, DescriptorEntries, Matches, match_request};
 use crate::model::DomainConfig;
+use crate::routes::Gateway;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -28,6 +29,8 @@ pub struct RuleSet {
     /// A hash of every source file's name and text, so a reload that finds the same files can
     /// skip the swap.
     fingerprint: u64,
+    /// The gateway section, from the one file that has it.
+    gateway: Option<Arc<Gateway>>,
 }
 
 impl RuleSet {
@@ -36,6 +39,7 @@ impl RuleSet {
         RuleSet {
             domains: HashMap::default(),
             fingerprint: 0,
+            gateway: None,
         }
     }
 
@@ -53,6 +57,7 @@ impl RuleSet {
         let mut errors = Vec::new();
         let mut domains: HashMap<String, CompiledDomain> = HashMap::default();
         let mut fingerprint = SipHasher13::new();
+        let mut gateway: Option<Gateway> = None;
         for (name, text) in sources {
             fingerprint.write(name.as_bytes());
             fingerprint.write_u8(0);
@@ -60,7 +65,10 @@ impl RuleSet {
             fingerprint.write_u8(0);
             let file: Arc<str> = Arc::from(name);
             match decode_file(&file, text) {
-                Ok(domain) => {
+                Ok(mut domain) => {
+                    if let Some(g) = domain.gateway.take() {
+                        take_gateway(&mut gateway, g, &mut errors);
+                    }
                     if let Some(first) = domains.get(&domain.name) {
                         errors.push(ConfigError::new(
                             domain.location.clone(),
@@ -76,10 +84,25 @@ impl RuleSet {
                 Err(e) => errors.extend(e.errors().iter().cloned()),
             }
         }
+        if let Some(g) = &gateway {
+            for route in &g.routes {
+                if !domains.contains_key(&route.domain) {
+                    errors.push(ConfigError::new(
+                        route.location.clone(),
+                        ErrorKind::Undefined {
+                            what: "domain",
+                            name: route.domain.clone(),
+                            hint: "define it in a rule file, or leave `domain` out to use this file's",
+                        },
+                    ));
+                }
+            }
+        }
         if errors.is_empty() {
             Ok(RuleSet {
                 domains,
                 fingerprint: fingerprint.finish(),
+                gateway: gateway.map(Arc::new),
             })
         } else {
             Err(LoadError::new(errors))
@@ -146,9 +169,31 @@ impl RuleSet {
         names
     }
 
+    /// The gateway's routes and trusted proxies, if a file set them.
+    pub fn gateway(&self) -> Option<&Arc<Gateway>> {
+        self.gateway.as_ref()
+    }
+
     /// A hash of the source files; equal fingerprints mean the same files with the same text.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+}
+
+/// Keeps the first file's gateway section; a second is an error pointing back at the first.
+fn take_gateway(slot: &mut Option<Gateway>, new: Gateway, errors: &mut Vec<ConfigError>) {
+    match (
+        slot.as_ref().and_then(|g| g.location.clone()),
+        new.location.clone(),
+    ) {
+        (Some(first), Some(at)) => errors.push(ConfigError::new(
+            at,
+            ErrorKind::DuplicateGateway {
+                field: "routes",
+                first,
+            },
+        )),
+        _ => *slot = Some(new),
     }
 }
 

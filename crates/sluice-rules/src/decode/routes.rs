@@ -1,0 +1,247 @@
+//! Decoding the gateway section: `routes` and `trusted_proxies`, located like every other field.
+
+use super::{Decoder, Fields};
+use crate::error::ErrorKind;
+use crate::routes::{
+    Cidr, EntrySpec, Gateway, HostMatch, PathPattern, Route, RouteHeaders, ValueSource,
+};
+use crate::yaml::{Node, NodeKind};
+
+const ROUTE_FIELDS: &[&str] = &[
+    "name",
+    "path",
+    "methods",
+    "host",
+    "domain",
+    "descriptors",
+    "cost",
+    "headers",
+];
+const ENTRY_FIELDS: &[&str] = &["key", "from", "value", "default"];
+
+impl Decoder {
+    /// The gateway section of the top level, if the file has one. `domain` is the file's domain,
+    /// which routes use unless they name another.
+    pub(super) fn gateway(&mut self, fields: &Fields<'_>, domain: &str) -> Option<Gateway> {
+        let routes_node = fields.get("routes");
+        let proxies_node = fields.get("trusted_proxies");
+        let first = routes_node.or(proxies_node)?;
+        let mut gateway = Gateway {
+            location: Some(self.at(first)),
+            ..Gateway::default()
+        };
+        if let Some(node) = routes_node.filter(|n| !n.is_null()) {
+            match &node.kind {
+                NodeKind::Seq(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        gateway.routes.extend(self.route(item, i, domain));
+                    }
+                }
+                _ => self.wrong_type("routes", node, "a list of routes"),
+            }
+        }
+        if let Some(node) = proxies_node.filter(|n| !n.is_null()) {
+            for item in self.string_list("trusted_proxies", node) {
+                let text = self.string("trusted_proxies", item);
+                match text.as_deref().map(str::parse::<Cidr>) {
+                    Some(Ok(cidr)) => gateway.trusted_proxies.push(cidr),
+                    Some(Err(reason)) => {
+                        let kind = ErrorKind::Invalid {
+                            field: "trusted_proxies".into(),
+                            value: text.unwrap_or_default(),
+                            reason,
+                        };
+                        self.error(item, kind);
+                    }
+                    None => {}
+                }
+            }
+        }
+        Some(gateway)
+    }
+
+    /// A list of scalars, or one scalar as a list of one.
+    fn string_list<'n>(&mut self, field: &str, node: &'n Node) -> Vec<&'n Node> {
+        match &node.kind {
+            NodeKind::Seq(items) => items.iter().collect(),
+            NodeKind::Scalar { .. } => vec![node],
+            NodeKind::Map(_) => {
+                self.wrong_type(field, node, "a list of strings");
+                Vec::new()
+            }
+        }
+    }
+
+    fn route(&mut self, node: &Node, index: usize, file_domain: &str) -> Option<Route> {
+        let fields = self.mapping("route", node, "a route", ROUTE_FIELDS)?;
+        let path = match fields.get("path") {
+            Some(n) => {
+                let text = self.name("path", n)?;
+                match PathPattern::parse(&text) {
+                    Ok(p) => Some(p),
+                    Err(reason) => {
+                        let kind = ErrorKind::Invalid {
+                            field: "path".into(),
+                            value: text,
+                            reason,
+                        };
+                        self.error(n, kind);
+                        return None;
+                    }
+                }
+            }
+            None => None,
+        };
+        let mut methods = Vec::new();
+        if let Some(n) = fields.get("methods") {
+            for m in self.string_list("methods", n) {
+                let method = self.name("methods", m)?;
+                if !method.bytes().all(|b| b.is_ascii_alphabetic() || b == b'-') {
+                    let kind = ErrorKind::Invalid {
+                        field: "methods".into(),
+                        value: method,
+                        reason: "a method is a word such as GET or POST",
+                    };
+                    self.error(m, kind);
+                    return None;
+                }
+                methods.push(method.to_ascii_uppercase());
+            }
+        }
+        let host = match fields.get("host") {
+            Some(n) => Some(HostMatch::parse(&self.name("host", n)?)),
+            None => None,
+        };
+        let domain = match fields.get("domain") {
+            Some(n) => self.name("domain", n)?,
+            None => file_domain.to_owned(),
+        };
+        let cost = match fields.get("cost") {
+            Some(n) => self.uint("cost", n)?,
+            None => 1,
+        };
+        let headers = match fields.get("headers") {
+            Some(n) => match self.variant("headers", n, &RouteHeaders::NAMES)? {
+                "legacy" => RouteHeaders::Legacy,
+                "both" => RouteHeaders::Both,
+                "none" => RouteHeaders::None,
+                _ => RouteHeaders::Ietf,
+            },
+            None => RouteHeaders::Ietf,
+        };
+        let params: Vec<&str> = path
+            .as_ref()
+            .map(|p| p.params().collect())
+            .unwrap_or_default();
+        let mut descriptors = Vec::new();
+        let mut ok = true;
+        if let Some(n) = fields.get("descriptors").filter(|n| !n.is_null()) {
+            let NodeKind::Seq(items) = &n.kind else {
+                self.wrong_type(
+                    "descriptors",
+                    n,
+                    "a list of descriptors, each a list of entries",
+                );
+                return None;
+            };
+            for item in items {
+                let NodeKind::Seq(entries) = &item.kind else {
+                    self.wrong_type("descriptors[]", item, "a list of entries");
+                    ok = false;
+                    continue;
+                };
+                if entries.is_empty() {
+                    self.error(item, ErrorKind::EmptyString("descriptors[]"));
+                    ok = false;
+                    continue;
+                }
+                let mut descriptor = Vec::with_capacity(entries.len());
+                for e in entries {
+                    match self.entry(e, &params) {
+                        Some(spec) => descriptor.push(spec),
+                        None => ok = false,
+                    }
+                }
+                descriptors.push(descriptor);
+            }
+        }
+        let name = match fields.get("name") {
+            Some(n) => self.name("name", n)?,
+            None => path
+                .as_ref()
+                .map_or_else(|| format!("route {}", index + 1), |p| p.to_string()),
+        };
+        ok.then(|| Route {
+            name: name.into(),
+            path,
+            methods,
+            host,
+            domain,
+            descriptors,
+            cost,
+            headers,
+            location: self.at(node),
+        })
+    }
+
+    fn entry(&mut self, node: &Node, params: &[&str]) -> Option<EntrySpec> {
+        let fields = self.mapping("entry", node, "a route's descriptor entry", ENTRY_FIELDS)?;
+        let key = match fields.get("key") {
+            Some(n) => self.name("key", n),
+            None => {
+                self.missing(&fields, node, "key", "a descriptor entry");
+                None
+            }
+        };
+        let source = match (fields.get("from"), fields.get("value")) {
+            (Some(_), Some(v)) => {
+                let kind = ErrorKind::Conflict {
+                    first: "from",
+                    second: "value",
+                    hint: "`value` is a constant, `from` reads the request; keep one",
+                };
+                self.error(v, kind);
+                None
+            }
+            (None, Some(v)) => self.string("value", v).map(ValueSource::Constant),
+            (Some(f), None) => {
+                let text = self.name("from", f)?;
+                match ValueSource::parse(&text) {
+                    Some(ValueSource::PathParam(p)) if !params.contains(&p.as_str()) => {
+                        let kind = ErrorKind::Undefined {
+                            what: "path parameter",
+                            name: p,
+                            hint: "name it in the route's path, such as `/users/{id}`",
+                        };
+                        self.error(f, kind);
+                        None
+                    }
+                    Some(s) => Some(s),
+                    None => {
+                        let kind = ErrorKind::UnknownVariant {
+                            what: "value source",
+                            suggestion: crate::suggest::closest(&text, &ValueSource::FORMS),
+                            value: text,
+                            expected: &ValueSource::FORMS,
+                        };
+                        self.error(f, kind);
+                        None
+                    }
+                }
+            }
+            (None, None) => {
+                self.missing(&fields, node, "from", "a descriptor entry");
+                None
+            }
+        };
+        let default = match fields.get("default") {
+            Some(n) => Some(self.string("default", n)?),
+            None => None,
+        };
+        Some(EntrySpec {
+            key: key?,
+            source: source?,
+            default,
+        })
+    }
+}

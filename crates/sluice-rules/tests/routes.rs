@@ -1,0 +1,128 @@
+//! The gateway section: routes and trusted proxies, and their located errors.
+
+use sluice_rules::{EntrySpec, RouteHeaders, RuleSet, ValueSource};
+
+const GATEWAY: &str = r#"
+domain: gw
+descriptors:
+  - key: client_ip
+    rate_limit: {unit: minute, requests_per_unit: 5}
+trusted_proxies: [10.0.0.0/8, "::1"]
+routes:
+  - name: users
+    path: /users/{id}
+    methods: [get, POST]
+    host: "*.example.com"
+    headers: both
+    cost: 2
+    descriptors:
+      - - {key: client_ip, from: client_ip}
+      - - {key: user, from: "param:id"}
+        - {key: plan, from: "header:X-Plan", default: free}
+      - - {key: global, value: all}
+  - path: /api/*
+    descriptors:
+      - [{key: client_ip, from: client_ip}]
+"#;
+
+#[test]
+fn a_gateway_file_loads_with_its_routes_in_order() {
+    let rules = RuleSet::parse("gw.yaml", GATEWAY).unwrap();
+    let g = rules.gateway().expect("gateway section");
+    assert_eq!(g.trusted_proxies.len(), 2);
+    assert!(g.trusted_proxies[0].contains("10.2.3.4".parse().unwrap()));
+    assert_eq!(g.routes.len(), 2);
+    let users = &g.routes[0];
+    assert_eq!(&*users.name, "users");
+    assert_eq!(users.methods, ["GET", "POST"]);
+    assert_eq!(users.headers, RouteHeaders::Both);
+    assert_eq!(users.cost, 2);
+    assert_eq!(users.domain, "gw");
+    assert_eq!(
+        users.descriptors[1][1],
+        EntrySpec {
+            key: "plan".into(),
+            source: ValueSource::Header("x-plan".into()),
+            default: Some("free".into()),
+        }
+    );
+    assert_eq!(
+        users.descriptors[2][0].source,
+        ValueSource::Constant("all".into())
+    );
+    assert_eq!(
+        users.matches("GET", Some("a.example.com"), "/users/7"),
+        Some(vec![("id", "7")])
+    );
+    assert_eq!(
+        users.matches("DELETE", Some("a.example.com"), "/users/7"),
+        None
+    );
+    assert_eq!(users.matches("GET", Some("example.org"), "/users/7"), None);
+    assert_eq!(&*g.routes[1].name, "/api/*");
+    assert_eq!(g.routes[1].headers, RouteHeaders::Ietf);
+}
+
+#[test]
+fn a_file_without_routes_has_no_gateway() {
+    let rules = RuleSet::parse("r.yaml", "domain: a\n").unwrap();
+    assert!(rules.gateway().is_none());
+}
+
+fn first_error(text: &str) -> String {
+    RuleSet::parse("gw.yaml", text)
+        .unwrap_err()
+        .first()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn route_errors_are_located() {
+    let e = first_error("domain: gw\nroutes:\n  - path: api/*\n");
+    assert!(e.starts_with("gw.yaml:3:11: `path` is `api/*`"), "{e}");
+    let e = first_error("domain: gw\ntrusted_proxies: [10.0.0.0/8, 10.0.0.0/40]\n");
+    assert!(
+        e.starts_with("gw.yaml:2:31: `trusted_proxies` is `10.0.0.0/40`"),
+        "{e}"
+    );
+    let e = first_error(
+        "domain: gw\nroutes:\n  - path: /a\n    descriptors:\n      - [{key: k, from: clientip}]\n",
+    );
+    assert!(
+        e.starts_with("gw.yaml:5:25: unknown value source `clientip` (did you mean `client_ip`?)"),
+        "{e}"
+    );
+    let e = first_error(
+        "domain: gw\nroutes:\n  - path: /users/{id}\n    descriptors:\n      - [{key: k, from: \"param:uid\"}]\n",
+    );
+    assert!(
+        e.starts_with("gw.yaml:5:25: path parameter `uid` is not defined"),
+        "{e}"
+    );
+    let e = first_error("domain: gw\nroutes:\n  - path: /a\n    domain: other\n");
+    assert!(
+        e.starts_with("gw.yaml:3:5: domain `other` is not defined"),
+        "{e}"
+    );
+    let e = first_error("domain: gw\nroutes:\n  - path: /a\n    headrs: both\n");
+    assert!(
+        e.starts_with("gw.yaml:4:5: unknown field `headrs` in a route (did you mean `headers`?)"),
+        "{e}"
+    );
+    let e = first_error(
+        "domain: gw\nroutes:\n  - descriptors:\n      - [{key: k, from: method, value: x}]\n",
+    );
+    assert!(e.contains("`from` and `value` cannot both be set"), "{e}");
+}
+
+#[test]
+fn routes_in_two_files_are_refused() {
+    let e = RuleSet::from_sources([
+        ("a.yaml", "domain: a\nroutes: []\n"),
+        ("b.yaml", "domain: b\nroutes: []\n"),
+    ])
+    .unwrap_err();
+    let e = e.first().unwrap().to_string();
+    assert!(e.contains("is already set at"), "{e}");
+}
