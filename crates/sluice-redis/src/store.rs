@@ -135,6 +135,12 @@ impl RedisStore {
         })
     }
 
+    /// The SHA1 of the check script, which every decision runs by `EVALSHA`: for operators who
+    /// preload scripts, and for benchmarks that call it directly (`redis-benchmark`).
+    pub fn check_script_sha(&self) -> &str {
+        &self.inner.check.sha
+    }
+
     /// The circuit breaker's state, for `/readyz` and metrics.
     pub fn breaker_state(&self) -> BreakerState {
         self.inner.breaker.state()

@@ -194,3 +194,24 @@ async fn a_key_that_changes_algorithm_starts_afresh() {
         }
     }
 }
+
+/// `redis+sentinel://` finds the master through a real Sentinel and limits on it.
+#[tokio::test]
+async fn sentinel_urls_find_the_master() {
+    let master = harness::RedisServer::start();
+    let sentinel = harness::RedisServer::start_sentinel(&master);
+    let url = format!("redis+sentinel://127.0.0.1:{}/mymaster", sentinel.port);
+    let store = RedisStore::connect(&url, test_options()).await.unwrap();
+    let policy = &fifty_per_hour()[1];
+    let mut admitted = 0;
+    for _ in 0..60 {
+        let d = store
+            .check(&[Check::new("via-sentinel", policy, 1)])
+            .await
+            .unwrap();
+        admitted += u32::from(d[0].allowed);
+    }
+    assert_eq!(admitted, 50);
+    let key = store.key_of("via-sentinel");
+    assert_eq!(master.command(&["EXISTS", &key]).unwrap().trim(), "1");
+}

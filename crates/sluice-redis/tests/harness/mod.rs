@@ -29,6 +29,8 @@ pub struct RedisServer {
     pub port: u16,
     /// The Cluster bus port, for Cluster nodes.
     bus_port: Option<u16>,
+    /// For a Sentinel: the port of the master it watches (as `mymaster`).
+    sentinel_of: Option<u16>,
     dir: tempfile::TempDir,
     child: Option<Child>,
     watchdog: Option<(Child, ChildStdin)>,
@@ -53,6 +55,7 @@ impl RedisServer {
         let mut server = RedisServer {
             port: free_port(),
             bus_port: cluster.then(free_port),
+            sentinel_of: None,
             dir,
             child: None,
             watchdog: None,
@@ -61,14 +64,47 @@ impl RedisServer {
         server
     }
 
+    /// A Sentinel watching `master` under the name `mymaster`.
+    pub fn start_sentinel(master: &RedisServer) -> Self {
+        let mut server = RedisServer {
+            port: free_port(),
+            bus_port: None,
+            sentinel_of: Some(master.port),
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            child: None,
+            watchdog: None,
+        };
+        server.spawn();
+        wait_until("the sentinel knows the master", || {
+            server
+                .command(&["SENTINEL", "get-master-addr-by-name", "mymaster"])
+                .is_some_and(|r| r.contains(&master.port.to_string()))
+        });
+        server
+    }
+
     fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--protected-mode", "no", "--loglevel", "warning"])
-            .arg("--dir")
-            .arg(self.dir.path());
+        if let Some(master) = self.sentinel_of {
+            // Sentinel rewrites its configuration file, so it lives in the server's directory.
+            let conf = self.dir.path().join("sentinel.conf");
+            let text = format!(
+                "port {}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                 sentinel monitor mymaster 127.0.0.1 {master} 1\n\
+                 sentinel down-after-milliseconds mymaster 5000\n",
+                self.port,
+                self.dir.path().display()
+            );
+            std::fs::write(&conf, text).expect("write sentinel.conf");
+            cmd.arg(&conf).arg("--sentinel");
+        } else {
+            cmd.arg("--port")
+                .arg(self.port.to_string())
+                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--protected-mode", "no", "--loglevel", "warning"])
+                .arg("--dir")
+                .arg(self.dir.path());
+        }
         if let Some(bus) = self.bus_port {
             cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
                 .arg("--cluster-config-file")
