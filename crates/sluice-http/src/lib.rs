@@ -23,11 +23,20 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod client_ip;
+mod enforce;
+pub mod extract;
 mod headers;
 pub mod limiter;
 pub mod limits;
 pub mod metrics;
+pub mod middleware;
+pub mod proxy;
 
+pub use enforce::{DEFAULT_MAX_DELAYED, Enforcement, Enforcer, QUOTA_EXCEEDED, reject};
+pub use extract::Extracted;
 pub use headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
 pub use limiter::{LimitRequest, Limiter, RequestDescriptor, Verdict};
 pub use metrics::{Metrics, Outcome};
+pub use middleware::{PeerAddr, RateLimit, RateLimitLayer};
+pub use proxy::{Proxy, ProxyError, ProxyOptions};

@@ -110,7 +110,7 @@ impl LimitRequest {
         if self.domain.is_empty() {
             return Err(InvalidRequest::MissingDomain);
         }
-        too_large("domain".into(), self.domain.len(), MAX_FIELD_LEN)?;
+        too_large("domain".into(), self.domain.chars().count(), MAX_FIELD_LEN)?;
         if self.descriptors.is_empty() {
             return Err(InvalidRequest::NoDescriptors);
         }
@@ -148,12 +148,12 @@ impl LimitRequest {
                 }
                 too_large(
                     format!("descriptors[{i}].entries[{j}].key"),
-                    k.len(),
+                    k.chars().count(),
                     MAX_FIELD_LEN,
                 )?;
                 too_large(
                     format!("descriptors[{i}].entries[{j}].value"),
-                    v.len(),
+                    v.chars().count(),
                     MAX_FIELD_LEN,
                 )?;
             }

@@ -5,7 +5,7 @@
 pub const MAX_DESCRIPTORS: usize = 64;
 /// The most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 32;
-/// The longest domain, entry key or entry value, in bytes.
+/// The longest domain, entry key or entry value, in characters.
 pub const MAX_FIELD_LEN: usize = 1024;
 /// The largest HTTP request body, in bytes.
 pub const MAX_BODY: usize = 64 * 1024;

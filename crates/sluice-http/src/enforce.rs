@@ -1,0 +1,272 @@
+//! What a front end does with a verdict: the rules' actions, the rate-limit fields, and the
+//! bounded queue that `delay` waits in. The gateway and the tower layer both end here, so they
+//! answer alike.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use sluice_core::Decision;
+use sluice_rules::Action;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::extract::Extracted;
+use crate::headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
+use crate::limiter::{CheckResult, Limiter, Verdict};
+
+/// The IETF problem type for a request over its quota.
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// How many requests may wait in `delay` at once by default. Past it, a request that would wait
+/// is rejected, so a flood cannot hold unbounded connections and memory.
+pub const DEFAULT_MAX_DELAYED: usize = 1024;
+
+/// What to do with a request once its limits are decided.
+#[derive(Debug)]
+pub enum Enforcement {
+    /// Let it through, adding these fields to the upstream's answer.
+    Forward(Vec<(HeaderName, HeaderValue)>),
+    /// Answer with this instead; the upstream never sees the request.
+    Respond(Response<Full<Bytes>>),
+}
+
+/// Turns verdicts into actions. Cheap to clone: clones share the limiter and the delay queue.
+#[derive(Debug, Clone)]
+pub struct Enforcer {
+    limiter: Arc<Limiter>,
+    /// Places in the delay queue. A waiting request holds one; dropping its future (the client
+    /// went away) gives it back.
+    waiting: Arc<Semaphore>,
+}
+
+impl Enforcer {
+    /// An enforcer over `limiter`, with at most `max_delayed` requests waiting at once.
+    pub fn new(limiter: Arc<Limiter>, max_delayed: usize) -> Self {
+        Enforcer {
+            limiter,
+            waiting: Arc::new(Semaphore::new(max_delayed)),
+        }
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// Free places in the delay queue.
+    pub fn free_delay_places(&self) -> usize {
+        self.waiting.available_permits()
+    }
+
+    /// Decides `ex` and applies the actions: waits for `delay`, and answers `reject` and `fake`
+    /// itself.
+    pub async fn enforce(&self, ex: &Extracted) -> Enforcement {
+        let mut deadline: Option<Instant> = None;
+        let mut place: Option<OwnedSemaphorePermit> = None;
+        loop {
+            let verdict = match self.limiter.decide(&ex.request).await {
+                Ok(v) => v,
+                Err(e) => {
+                    // Extraction keeps requests within the limiter's bounds; should a route
+                    // still build one it refuses, the request passes unlimited rather than fail.
+                    tracing::warn!(error = %e, "request not limited: {e}");
+                    return Enforcement::Forward(Vec::new());
+                }
+            };
+            log_shadow(&ex.request.domain, &verdict);
+            if verdict.allowed {
+                let delay = verdict
+                    .checks
+                    .iter()
+                    .filter(|c| c.enforced())
+                    .map(|c| c.decision.delay)
+                    .max()
+                    .unwrap_or_default();
+                if !delay.is_zero() {
+                    // The shaper already gave this request its slot; it only has to wait.
+                    if place.is_none() {
+                        place = self.waiting.clone().try_acquire_owned().ok();
+                    }
+                    if place.is_none() {
+                        return Enforcement::Respond(reject(&verdict, ex.style, "queue_full"));
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+                return Enforcement::Forward(pass_headers(&verdict, ex.style));
+            }
+            let denied: Vec<&CheckResult> = verdict
+                .checks
+                .iter()
+                .filter(|c| c.enforced() && !c.decision.allowed)
+                .collect();
+            if let Some(fake) = denied.iter().find_map(|c| match c.rule.as_deref() {
+                Some(r) => match &r.action {
+                    Action::Fake {
+                        status,
+                        content_type,
+                        body,
+                    } => Some((*status, content_type, body)),
+                    _ => None,
+                },
+                None => None,
+            }) {
+                return Enforcement::Respond(fake_response(fake.0, fake.1, fake.2));
+            }
+            if let Some(wait) = delay_wait(&denied) {
+                let now = Instant::now();
+                let deadline = *deadline.get_or_insert(now + wait.max_wait);
+                if now + wait.retry <= deadline {
+                    if place.is_none() {
+                        place = self.waiting.clone().try_acquire_owned().ok();
+                    }
+                    if place.is_some() {
+                        tokio::time::sleep(wait.retry).await;
+                        continue;
+                    }
+                }
+            }
+            return Enforcement::Respond(reject(&verdict, ex.style, "limited"));
+        }
+    }
+}
+
+/// How long a request whose every denial has the `delay` action should wait, and for how long
+/// it may wait in all.
+struct DelayWait {
+    retry: Duration,
+    max_wait: Duration,
+}
+
+fn delay_wait(denied: &[&CheckResult]) -> Option<DelayWait> {
+    let mut retry = Duration::ZERO;
+    let mut max_wait = Duration::MAX;
+    for c in denied {
+        let Some(Action::Delay { max_wait: m }) = c.rule.as_deref().map(|r| &r.action) else {
+            return None;
+        };
+        if c.decision.retry_after == Decision::NEVER {
+            return None;
+        }
+        retry = retry.max(c.decision.retry_after);
+        max_wait = max_wait.min(m.unwrap_or_else(|| c.policy.window()));
+    }
+    (!denied.is_empty()).then_some(DelayWait { retry, max_wait })
+}
+
+fn log_shadow(domain: &str, verdict: &Verdict) {
+    for c in verdict
+        .checks
+        .iter()
+        .filter(|c| !c.enforced() && !c.decision.allowed)
+    {
+        tracing::info!(domain, rule = %c.name, key = %c.key, "shadow or soft limit exceeded; request passed");
+    }
+}
+
+/// Whether a limit shows in the answer's rate-limit fields: every limit but a shadow one, which
+/// is a dark launch and must not be visible.
+fn visible(c: &CheckResult) -> bool {
+    c.rule
+        .as_deref()
+        .is_none_or(|r| !r.shadow && !matches!(r.action, Action::Shadow))
+}
+
+fn quotas(verdict: &Verdict) -> Vec<Quota<'_>> {
+    verdict
+        .checks
+        .iter()
+        .filter(|c| visible(c))
+        .map(|c| Quota::new(&c.name, &c.policy, &c.decision))
+        .collect()
+}
+
+/// The fields of a request that passes: the rate-limit fields without `Retry-After`, and the
+/// warning of any `soft` limit it went over.
+fn pass_headers(verdict: &Verdict, style: HeaderStyle) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out: Vec<(HeaderName, HeaderValue)> = rate_limit_headers(&quotas(verdict), style)
+        .into_iter()
+        .filter(|(k, _)| k != RETRY_AFTER)
+        .collect();
+    for c in verdict.checks.iter().filter(|c| !c.decision.allowed) {
+        let Some(Action::Soft { header }) = c.rule.as_deref().map(|r| &r.action) else {
+            continue;
+        };
+        let name = HeaderName::from_bytes(header.as_bytes())
+            .unwrap_or_else(|_| HeaderName::from_static("x-ratelimit-warning"));
+        let mut value = format!("limit \"{}\" exceeded", sanitize(&c.name));
+        if let Some(secs) = retry_after_secs(&c.decision) {
+            value.push_str(&format!("; retry after {secs}s"));
+        }
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            out.push((name, v));
+        }
+    }
+    out
+}
+
+/// A name fit for a header value or JSON string: printable ASCII without quotes.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            ' '..='~' if c != '"' && c != '\\' => c,
+            _ => '?',
+        })
+        .collect()
+}
+
+/// `429 Too Many Requests` with the rate-limit fields, `Retry-After` and an
+/// `application/problem+json` body naming the violated policies.
+pub fn reject(verdict: &Verdict, style: HeaderStyle, why: &str) -> Response<Full<Bytes>> {
+    let violated: Vec<&str> = verdict
+        .checks
+        .iter()
+        .filter(|c| c.enforced() && !c.decision.allowed)
+        .map(|c| &*c.name)
+        .collect();
+    let retry = verdict
+        .checks
+        .iter()
+        .filter(|c| c.enforced() && !c.decision.allowed)
+        .filter_map(|c| retry_after_secs(&c.decision))
+        .max();
+    let detail = match (why, retry) {
+        ("queue_full", _) => {
+            "the request would have waited its turn, but the delay queue is full".to_owned()
+        }
+        (_, Some(secs)) => format!("quota exceeded; retry in {secs} s"),
+        (_, None) => "quota exceeded; this request cannot pass at any rate".to_owned(),
+    };
+    let body = serde_json::json!({
+        "type": QUOTA_EXCEEDED,
+        "title": "Too Many Requests",
+        "status": 429,
+        "detail": detail,
+        "violated-policies": violated,
+    });
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    for (k, v) in rate_limit_headers(&quotas(verdict), style) {
+        headers.insert(k, v);
+    }
+    response
+}
+
+/// The canned answer of a `fake` limit. It carries no rate-limit fields, so that it looks like
+/// any other answer.
+fn fake_response(status: u16, content_type: &str, body: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::copy_from_slice(body.as_bytes())));
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    let ct = HeaderValue::from_str(content_type)
+        .unwrap_or_else(|_| HeaderValue::from_static("text/plain; charset=utf-8"));
+    response.headers_mut().insert(CONTENT_TYPE, ct);
+    response
+}

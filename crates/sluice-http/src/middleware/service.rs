@@ -1,0 +1,100 @@
+//! [`RateLimit`]: the service the layer wraps around another.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{Either, Full};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::layer::Shared;
+use crate::enforce::Enforcement;
+
+/// The body of a rate-limited service's answers: the inner service's, or Sluice's own
+/// (a `429`, a `fake` answer).
+pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
+
+/// A service that decides each request before the inner service sees it.
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: Clone> Clone for RateLimit<S> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> RateLimit<S> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        RateLimit { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The readied service goes into the future; a fresh clone stays for the next call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let headers = match shared.extract(&parts) {
+                None => Vec::new(),
+                Some(ex) => match shared.enforcer.enforce(&ex).await {
+                    Enforcement::Forward(headers) => headers,
+                    Enforcement::Respond(r) => return Ok(r.map(Either::Right)),
+                },
+            };
+            let mut response = inner.call(Request::from_parts(parts, body)).await?;
+            for (k, v) in headers {
+                response.headers_mut().insert(k, v);
+            }
+            Ok(response.map(Either::Left))
+        })
+    }
+}

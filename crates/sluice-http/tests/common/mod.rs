@@ -1,0 +1,156 @@
+//! What the gateway and middleware tests share: a limiter over rules text, clocks, and a real
+//! upstream on a loopback port.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::HeaderMap;
+use axum::routing::{any, get, post};
+use futures_util::StreamExt;
+use sluice_core::{Clock, DynStore, FakeClock, MemoryStore, Timestamp};
+use sluice_http::{Limiter, Metrics};
+use sluice_rules::Reloader;
+
+/// A limiter over `rules` (YAML text) and `store`. The temp dir must outlive the limiter.
+pub fn limiter_with(rules: &str, store: Arc<dyn DynStore>) -> (Arc<Limiter>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, rules).unwrap();
+    let reloader = Reloader::new(vec![path]).unwrap();
+    (
+        Arc::new(Limiter::new(reloader, store, Arc::new(Metrics::new()))),
+        dir,
+    )
+}
+
+/// A limiter on a memory store whose clock only moves when the test says. It starts on a whole
+/// minute, so clock-aligned windows report their full length.
+pub fn limiter(rules: &str) -> (Arc<Limiter>, FakeClock, tempfile::TempDir) {
+    let clock = FakeClock::at(Timestamp::from_secs(1_700_000_040));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let (l, dir) = limiter_with(rules, Arc::new(store));
+    (l, clock, dir)
+}
+
+/// A clock that follows tokio's, so that under `tokio::time::pause()` the store sees time move
+/// exactly as the delay queue's sleeps do.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    base: Timestamp,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    pub fn new() -> Self {
+        TokioClock {
+            base: Timestamp::from_secs(1_700_000_040),
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        self.base.saturating_add(self.start.elapsed())
+    }
+}
+
+/// The API behind the gateway, counting the requests that reach it.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub hits: Arc<AtomicUsize>,
+}
+
+impl Upstream {
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+/// Bytes `/big` streams, in 64 KiB chunks.
+pub const BIG: usize = 32 * 1024 * 1024;
+
+pub async fn upstream() -> Upstream {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = Router::new()
+        .route(
+            "/big",
+            get(|| async {
+                let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+                let stream = futures_util::stream::iter(
+                    (0..BIG / chunk.len()).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+                );
+                Body::from_stream(stream)
+            }),
+        )
+        .route(
+            "/count",
+            post(|body: Body| async move {
+                let mut stream = body.into_data_stream();
+                let mut n = 0usize;
+                while let Some(chunk) = stream.next().await {
+                    n += chunk.map(|c| c.len()).unwrap_or(0);
+                }
+                n.to_string()
+            }),
+        )
+        .route(
+            "/slow",
+            get(|| async {
+                std::future::pending::<()>().await;
+                "never"
+            }),
+        )
+        .fallback(any(|headers: HeaderMap, request: Request| async move {
+            let xff = headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            (
+                [("x-seen-xff", xff)],
+                format!("upstream {} {}", request.method(), request.uri().path()),
+            )
+        }))
+        .layer(axum::middleware::from_fn(
+            move |req: Request, next: axum::middleware::Next| {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    next.run(req).await
+                }
+            },
+        ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Upstream { addr, hits }
+}
+
+/// A port nothing listens on.
+pub async fn closed_port() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    addr
+}
+
+pub fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+pub const fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
