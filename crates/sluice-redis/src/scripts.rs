@@ -38,12 +38,13 @@
 //!
 //! ## What is stored
 //!
-//! One key per counter. Every algorithm but the sliding log keeps a hash: `a` (the algorithm
-//! code; a counter found under another algorithm counts as fresh, as in the memory store) and up
-//! to three fields `x`, `y`, `z`. The sliding log keeps a list: a header holding the total of
-//! its units, then one `"<nanos> <units>"` entry per distinct arrival time, oldest first. Every
-//! write sets the key's TTL to when the counter is full again, plus a second, so that idle
-//! counters vanish.
+//! One key per counter. Every algorithm but the sliding log keeps a string, `"<alg> <x> [<y>
+//! [<z>]]"`: the algorithm code (a counter found under another algorithm counts as fresh, as in
+//! the memory store) and up to three state fields. A string is read with one `GET` and written
+//! with one `SET … PX`, state and TTL together. The sliding log keeps a list: a header holding
+//! the total of its units, then one `"<nanos> <units>"` entry per distinct arrival time, oldest
+//! first. Every write sets the key's TTL to when the counter is full again, plus a second, so
+//! that idle counters vanish.
 
 /// The code shared by both scripts: exact integer helpers, the time, and timestamp conversion.
 macro_rules! prelude {
@@ -140,35 +141,35 @@ local function grid_start(r, w)
   return r + floor_div(now - r, w) * w
 end
 
--- The stored state of a hash counter, decoded for algorithm alg, or nil when fresh.
-local function decode(alg, h)
-  if h == nil or tonumber(h[1]) ~= alg then return nil end
-  if alg == 1 then return {tokens = tonumber(h[2]), last = rel(h[3])} end
-  if alg == 2 or alg == 3 then return {t = rel(h[2])} end
-  if alg == 4 then return {start = rel(h[2]), count = tonumber(h[3])} end
+-- A counter's stored value, "<alg> <x> [<y> [<z>]]", decoded for algorithm alg, or nil when
+-- fresh (absent, or stored under another algorithm).
+local function decode(alg, raw)
+  if raw == nil then return nil end
+  local a, x, y, z = string.match(raw, '^(%d+) (%S+) ?(%S*) ?(%S*)$')
+  if tonumber(a) ~= alg then return nil end
+  if alg == 1 then return {tokens = tonumber(x), last = rel(y)} end
+  if alg == 2 or alg == 3 then return {t = rel(x)} end
+  if alg == 4 then return {start = rel(x), count = tonumber(y)} end
   if alg == 6 then
-    return {start = rel(h[2]), current = tonumber(h[3]), previous = tonumber(h[4])}
+    return {start = rel(x), current = tonumber(y), previous = tonumber(z)}
   end
   return nil
 end
 
 local function encode(alg, v)
-  if alg == 1 then return {int(v.tokens), absolute(v.last)} end
-  if alg == 2 or alg == 3 then return {absolute(v.t)} end
-  if alg == 4 then return {absolute(v.start), int(v.count)} end
-  return {absolute(v.start), int(v.current), int(v.previous)}
+  if alg == 1 then return '1 ' .. int(v.tokens) .. ' ' .. absolute(v.last) end
+  if alg == 2 or alg == 3 then return int(alg) .. ' ' .. absolute(v.t) end
+  if alg == 4 then return '4 ' .. absolute(v.start) .. ' ' .. int(v.count) end
+  return '6 ' .. absolute(v.start) .. ' ' .. int(v.current) .. ' ' .. int(v.previous)
 end
 
-local function write_hash(key, alg, v)
-  local f = encode(alg, v)
-  local args = {'a', int(alg), 'x', f[1]}
-  if f[2] then args[#args + 1] = 'y'; args[#args + 1] = f[2] end
-  if f[3] then args[#args + 1] = 'z'; args[#args + 1] = f[3] end
-  redis.call('HSET', key, unpack(args))
-end
-
-local function read_hash(key)
-  return redis.call('HMGET', key, 'a', 'x', 'y', 'z')
+-- A key's type and, for a string, its value: one GET in the common case, since a GET on the
+-- sliding log's list fails with WRONGTYPE.
+local function read_state(key)
+  local r = redis.pcall('GET', key)
+  if r == false or r == nil then return 'none', nil end
+  if type(r) == 'table' then return redis.call('TYPE', key)['ok'], nil end
+  return 'string', r
 end
 "#
     };
@@ -201,8 +202,8 @@ local order = {}
 local function load(key)
   local st = states[key]
   if st == nil then
-    st = {kind = redis.call('TYPE', key)['ok'], dirty = false}
-    if st.kind == 'hash' then st.hash = read_hash(key) end
+    st = {dirty = false}
+    st.kind, st.raw = read_state(key)
     states[key] = st
     order[#order + 1] = key
   end
@@ -431,7 +432,7 @@ for i = 1, n do
   elseif alg == 5 then
     v = load_log(key, st, p2)
   else
-    v = decode(alg, st.hash)
+    v = decode(alg, st.raw)
   end
   local nv, allowed, remaining, reset, retry, delay
   if alg == 1 then
@@ -483,11 +484,11 @@ if commit and all then
         end
         for _, p in ipairs(v.pending) do redis.call('RPUSH', key, entry(p.at, p.units)) end
         redis.call('LPUSH', key, int(v.total))
+        redis.call('PEXPIRE', key, int(ceil_div(st.reset, 1000000) + 1000))
       else
-        if st.kind ~= 'hash' and st.kind ~= 'none' then redis.call('DEL', key) end
-        write_hash(key, st.alg, v)
+        -- SET replaces a value of any type, and sets the TTL in the same command.
+        redis.call('SET', key, encode(st.alg, v), 'PX', int(ceil_div(st.reset, 1000000) + 1000))
       end
-      redis.call('PEXPIRE', key, int(ceil_div(st.reset, 1000000) + 1000))
     end
   end
 end
@@ -512,7 +513,7 @@ local undone = 0
 for i = #KEYS, 1, -1 do
   local key = KEYS[i]
   local alg, cost, p1, p2, p3, p4s, token = check_args(i)
-  local kind = redis.call('TYPE', key)['ok']
+  local kind, raw = read_state(key)
   if cost > 0 and alg == 5 and kind == 'list' then
     local len = redis.call('LLEN', key)
     local idx = len - 1
@@ -536,8 +537,8 @@ for i = #KEYS, 1, -1 do
       if rel(at) < rel(token) then break end
       idx = idx - 1
     end
-  elseif cost > 0 and kind == 'hash' then
-    local v = decode(alg, read_hash(key))
+  elseif cost > 0 and kind == 'string' then
+    local v = decode(alg, raw)
     if v ~= nil then
       local changed = true
       if alg == 1 then
@@ -561,7 +562,7 @@ for i = #KEYS, 1, -1 do
         changed = false
       end
       if changed then
-        write_hash(key, alg, v)
+        redis.call('SET', key, encode(alg, v), 'KEEPTTL')
         undone = undone + 1
       end
     end
