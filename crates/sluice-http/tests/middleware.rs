@@ -139,6 +139,8 @@ routes:
 "#;
 
 /// The layer over a service that records when each request reached it, on paused time.
+// The service's type cannot be named (it holds a closure), so it is spelled as a bound.
+#[allow(clippy::type_complexity)]
 fn recording(
     max_delayed: usize,
 ) -> (
