@@ -26,6 +26,8 @@ struct Cli {
 enum Command {
     /// Run the rate-limit service: Envoy's gRPC protocol and an HTTP JSON API.
     Serve(ServeArgs),
+    /// Run the gateway: a reverse proxy that limits requests by the rules' routes.
+    Proxy(ProxyArgs),
     /// Check rule files and directories; prints every error as file:line:col.
     Validate {
         /// Files or directories of rules.
@@ -90,18 +92,97 @@ struct ServeArgs {
     reload_debounce_ms: u64,
 }
 
+#[derive(Debug, clap::Args)]
+struct ProxyArgs {
+    /// Rule file or directory (repeatable); one file holds the `routes`.
+    #[arg(long, env = "SLUICE_CONFIG", required = true, value_delimiter = ',')]
+    config: Vec<PathBuf>,
+    /// Where the gateway listens.
+    #[arg(long, env = "SLUICE_LISTEN", default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// The API behind the gateway, as http://host:port.
+    #[arg(long, env = "SLUICE_UPSTREAM")]
+    upstream: http::Uri,
+    /// Where counters live: `memory` or `memory://?max_keys=N`.
+    #[arg(long, env = "SLUICE_STORE", default_value = "memory")]
+    store: String,
+    /// Milliseconds the upstream may take to start answering before the client gets 504.
+    #[arg(long, env = "SLUICE_UPSTREAM_TIMEOUT_MS", default_value_t = 30_000)]
+    upstream_timeout_ms: u64,
+    /// Milliseconds connecting to the upstream may take before the client gets 502.
+    #[arg(long, env = "SLUICE_CONNECT_TIMEOUT_MS", default_value_t = 5_000)]
+    connect_timeout_ms: u64,
+    /// Speak h2 (prior knowledge) to the upstream.
+    #[arg(long, env = "SLUICE_UPSTREAM_H2")]
+    upstream_h2: bool,
+    /// The most requests waiting in `delay` at once; more are rejected.
+    #[arg(long, env = "SLUICE_MAX_DELAYED", default_value_t = sluice_http::DEFAULT_MAX_DELAYED)]
+    max_delayed: usize,
+    /// A proxy whose X-Forwarded-For and Forwarded headers are believed, as a CIDR
+    /// (repeatable), beyond the rules' `trusted_proxies`.
+    #[arg(long = "trusted-proxy", env = "SLUICE_TRUSTED_PROXIES", value_delimiter = ',')]
+    trusted_proxies: Vec<sluice_rules::Cidr>,
+    /// Log format.
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "pretty")]
+    log_format: LogFormat,
+    /// Milliseconds the rule files must be quiet before a change is reloaded.
+    #[arg(long, env = "SLUICE_RELOAD_DEBOUNCE_MS", default_value_t = 250)]
+    reload_debounce_ms: u64,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { paths } => validate(&paths),
-        Command::Serve(args) => match serve(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("sluice: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Serve(args) => exit(serve(args)),
+        Command::Proxy(args) => exit(proxy(args)),
     }
+}
+
+fn exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let rules = sluice_rules::Reloader::new(args.config)
+            .map_err(|e| anyhow::anyhow!("invalid rules:\n{e}"))?;
+        if rules.rules().gateway().is_none_or(|g| g.routes.is_empty()) {
+            tracing::warn!("the rules have no `routes`; every request passes unlimited");
+        }
+        let _watcher = rules
+            .watch(Duration::from_millis(args.reload_debounce_ms))
+            .context("cannot watch the rule files for changes")?;
+        let store = sluice_server::store_url::open(&args.store).await?;
+        let limiter = std::sync::Arc::new(sluice_http::Limiter::new(
+            rules,
+            store,
+            std::sync::Arc::new(sluice_http::Metrics::new()),
+        ));
+        let mut options = sluice_http::ProxyOptions::new(args.upstream);
+        options.listen = args.listen;
+        options.upstream_timeout = Duration::from_millis(args.upstream_timeout_ms);
+        options.connect_timeout = Duration::from_millis(args.connect_timeout_ms);
+        options.upstream_h2 = args.upstream_h2;
+        options.max_delayed = args.max_delayed;
+        options.trusted_proxies = args.trusted_proxies;
+        let proxy = sluice_http::Proxy::start(options, limiter).await?;
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing requests in flight");
+        proxy.shutdown().await;
+        Ok(())
+    })
 }
 
 fn validate(paths: &[PathBuf]) -> ExitCode {
