@@ -69,6 +69,29 @@ async fn read_json<T: DeserializeOwned>(body: Body) -> Result<T, Problem> {
     })
 }
 
+/// An unsigned integer as protobuf's JSON mapping writes it: a number (`5`, or `5.0` with no
+/// fraction) or a decimal string (`"5"`, how 64-bit integers are usually sent).
+fn flex_u64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    use serde::de::Error;
+    let v = Option::<Value>::deserialize(d)?;
+    let n = match &v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= 2f64.powi(53))
+                .map(|f| f as u64)
+        }),
+        Some(Value::String(s)) => s.parse::<u64>().ok(),
+        Some(_) => None,
+    };
+    n.map(Some).ok_or_else(|| {
+        D::Error::custom(format!(
+            "expected a non-negative whole number, found {}",
+            v.unwrap_or(Value::Null)
+        ))
+    })
+}
+
 #[derive(Debug, Deserialize)]
 struct JsonEntry {
     key: String,
@@ -78,8 +101,8 @@ struct JsonEntry {
 
 #[derive(Debug, Deserialize)]
 struct JsonOverride {
-    #[serde(alias = "requestsPerUnit")]
-    requests_per_unit: u32,
+    #[serde(alias = "requestsPerUnit", deserialize_with = "flex_u64", default)]
+    requests_per_unit: Option<u64>,
     unit: Value,
 }
 
@@ -89,10 +112,10 @@ struct JsonDescriptor {
     entries: Vec<JsonEntry>,
     #[serde(default)]
     limit: Option<JsonOverride>,
-    #[serde(default, alias = "hitsAddend")]
+    #[serde(default, alias = "hitsAddend", deserialize_with = "flex_u64")]
     hits_addend: Option<u64>,
     /// Sluice's native name for the descriptor's own cost.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flex_u64")]
     cost: Option<u64>,
 }
 
@@ -102,10 +125,10 @@ struct JsonRequest {
     domain: String,
     #[serde(default)]
     descriptors: Vec<JsonDescriptor>,
-    #[serde(default, alias = "hitsAddend")]
+    #[serde(default, alias = "hitsAddend", deserialize_with = "flex_u64")]
     hits_addend: Option<u64>,
     /// Sluice's native name for the request's cost.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flex_u64")]
     cost: Option<u64>,
 }
 
@@ -133,16 +156,30 @@ impl JsonRequest {
         for (i, d) in self.descriptors.into_iter().enumerate() {
             let limit_override = match d.limit {
                 Some(o) => Some(LimitOverride {
-                    requests_per_unit: u64::from(o.requests_per_unit),
+                    requests_per_unit: o.requests_per_unit.ok_or_else(|| {
+                        Problem::bad_request("a limit override needs requests_per_unit")
+                            .with_field(format!("descriptors[{i}].limit.requests_per_unit"))
+                    })?,
                     unit: parse_unit(&o.unit, format!("descriptors[{i}].limit.unit"))?,
                 }),
                 None => None,
             };
+            if d.cost.is_some() && d.hits_addend.is_some() {
+                return Err(
+                    Problem::bad_request("give `cost` or `hits_addend`, not both")
+                        .with_field(format!("descriptors[{i}].cost")),
+                );
+            }
             descriptors.push(RequestDescriptor {
                 entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
                 cost: d.cost.or(d.hits_addend),
                 limit_override,
             });
+        }
+        if self.cost.is_some() && self.hits_addend.is_some() {
+            return Err(
+                Problem::bad_request("give `cost` or `hits_addend`, not both").with_field("cost"),
+            );
         }
         Ok(LimitRequest {
             domain: self.domain,
