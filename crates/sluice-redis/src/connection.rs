@@ -22,6 +22,7 @@ use redis::{
     Value,
 };
 
+use crate::RedisOptions;
 use crate::url::{RedisUrl, Topology};
 
 /// A script and its SHA1, for `EVALSHA`.
@@ -68,11 +69,26 @@ fn manager_config(connect_timeout: Duration) -> ConnectionManagerConfig {
 
 impl Connection {
     /// Connects to the servers `url` names.
-    pub(crate) async fn connect(url: &RedisUrl, connect_timeout: Duration) -> RedisResult<Self> {
+    pub(crate) async fn connect(url: &RedisUrl, options: &RedisOptions) -> RedisResult<Self> {
+        let connect_timeout = options.connect_timeout;
         let config = manager_config(connect_timeout);
+        let certs = || redis::TlsCertificates {
+            client_tls: None,
+            root_cert: options.tls_root_cert.clone(),
+        };
+        if url.tls {
+            // rustls needs a process-wide crypto provider; ring is the one compiled in. An
+            // error means one is installed already, which is as good.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         match &url.topology {
             Topology::Standalone { host } => {
-                let client = redis::Client::open(connection_info(url, host)?)?;
+                let info = connection_info(url, host)?;
+                let client = if url.tls {
+                    redis::Client::build_with_tls(info, certs())?
+                } else {
+                    redis::Client::open(info)?
+                };
                 let manager = ConnectionManager::new_with_config(client, config).await?;
                 Ok(Connection::Standalone(manager))
             }
@@ -81,10 +97,13 @@ impl Connection {
                     .iter()
                     .map(|h| connection_info(url, h))
                     .collect::<RedisResult<Vec<_>>>()?;
-                let client = redis::cluster::ClusterClient::builder(infos)
+                let mut builder = redis::cluster::ClusterClient::builder(infos)
                     .connection_timeout(connect_timeout)
-                    .retries(1)
-                    .build()?;
+                    .retries(1);
+                if url.tls {
+                    builder = builder.certs(certs());
+                }
+                let client = builder.build()?;
                 Ok(Connection::Cluster(client.get_async_connection().await?))
             }
             Topology::Sentinel { sentinels, master } => {
@@ -101,7 +120,9 @@ impl Connection {
                     builder = builder.set_client_to_redis_password(p);
                 }
                 if url.tls {
-                    builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+                    builder = builder
+                        .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                        .set_client_to_redis_certificates(certs());
                 }
                 let mut client = builder.build()?;
                 let master_client = client.async_get_client().await?;

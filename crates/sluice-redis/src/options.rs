@@ -20,6 +20,7 @@ pub struct RedisOptions {
     pub(crate) connect_timeout: Duration,
     pub(crate) breaker_threshold: u32,
     pub(crate) breaker_cool_down: Duration,
+    pub(crate) tls_root_cert: Option<Vec<u8>>,
 }
 
 impl Default for RedisOptions {
@@ -30,6 +31,7 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(2),
             breaker_threshold: 3,
             breaker_cool_down: Duration::from_millis(500),
+            tls_root_cert: None,
         }
     }
 }
@@ -68,6 +70,14 @@ impl RedisOptions {
     /// 500 ms, so limiting resumes within a second of Redis coming back.
     pub fn breaker_cool_down(mut self, cool_down: Duration) -> Self {
         self.breaker_cool_down = cool_down;
+        self
+    }
+
+    /// For `rediss` URLs: the certificate authority (PEM) that signed the servers' certificates,
+    /// when it is a private one. Without it, servers are verified against the public web roots
+    /// compiled in (`webpki-roots`), so no system certificate store is needed.
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_cert = Some(pem.into());
         self
     }
 

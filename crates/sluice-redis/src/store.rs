@@ -97,15 +97,7 @@ impl RedisStore {
     /// Connects to a parsed URL.
     pub async fn connect_to(url: &RedisUrl, options: RedisOptions) -> Result<Self, ConnectError> {
         let target = url.to_string();
-        if url.tls {
-            return Err(ConnectError::InvalidUrl {
-                url: target,
-                reason: "TLS (rediss) is not supported by this build yet; reach Redis over a \
-                         trusted network or a TLS tunnel, and use redis://"
-                    .to_owned(),
-            });
-        }
-        let connecting = Connection::connect(url, options.connect_timeout);
+        let connecting = Connection::connect(url, &options);
         let conn = match tokio::time::timeout(options.connect_timeout, connecting).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(source)) => return Err(ConnectError::Connect { target, source }),

@@ -31,6 +31,8 @@ pub struct RedisServer {
     bus_port: Option<u16>,
     /// For a Sentinel: the port of the master it watches (as `mymaster`).
     sentinel_of: Option<u16>,
+    /// For a server that also speaks TLS: its TLS port (certificates in `dir`).
+    pub tls_port: Option<u16>,
     dir: tempfile::TempDir,
     child: Option<Child>,
     watchdog: Option<(Child, ChildStdin)>,
@@ -56,6 +58,80 @@ impl RedisServer {
             port: free_port(),
             bus_port: cluster.then(free_port),
             sentinel_of: None,
+            tls_port: None,
+            dir,
+            child: None,
+            watchdog: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// A server that speaks TLS on [`RedisServer::tls_port`] (and plain RESP on its port), with a
+    /// certificate for `127.0.0.1` signed by a throwaway CA at `dir/ca.crt`.
+    pub fn start_tls() -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let openssl = |args: &[&str]| {
+            let ok = Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "openssl {args:?} failed");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=sluice-test-ca",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(dir.path().join("san.ext"), "subjectAltName=IP:127.0.0.1\n")
+            .expect("write san.ext");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
+        let mut server = RedisServer {
+            port: free_port(),
+            bus_port: None,
+            sentinel_of: None,
+            tls_port: Some(free_port()),
             dir,
             child: None,
             watchdog: None,
@@ -70,6 +146,7 @@ impl RedisServer {
             port: free_port(),
             bus_port: None,
             sentinel_of: Some(master.port),
+            tls_port: None,
             dir: tempfile::tempdir().expect("a temporary directory"),
             child: None,
             watchdog: None,
@@ -104,6 +181,18 @@ impl RedisServer {
                 .args(["--protected-mode", "no", "--loglevel", "warning"])
                 .arg("--dir")
                 .arg(self.dir.path());
+        }
+        if let Some(tls) = self.tls_port {
+            let file = |name: &str| self.dir.path().join(name);
+            cmd.arg("--tls-port")
+                .arg(tls.to_string())
+                .arg("--tls-cert-file")
+                .arg(file("server.crt"))
+                .arg("--tls-key-file")
+                .arg(file("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(file("ca.crt"))
+                .args(["--tls-auth-clients", "no"]);
         }
         if let Some(bus) = self.bus_port {
             cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
