@@ -31,6 +31,8 @@ pub struct ApiState {
     pub admin_token: Option<Arc<str>>,
     /// Which rate-limit headers `/v1/check` answers carry.
     pub headers: HeaderStyle,
+    /// The Redis store behind the limiter, if any, for its breaker state.
+    pub redis: Option<sluice_redis::RedisStore>,
 }
 
 /// The router. Serve it with `into_make_service_with_connect_info::<SocketAddr>()`, which the
@@ -317,6 +319,11 @@ async fn check(State(state): State<ApiState>, body: Body) -> Result<Response, Pr
 }
 
 async fn readyz(State(state): State<ApiState>) -> Response {
+    if let Some(breaker) = state.redis.as_ref().map(|r| r.breaker_state()) {
+        if breaker == sluice_redis::BreakerState::Open {
+            return (StatusCode::SERVICE_UNAVAILABLE, "store: circuit breaker open; rules fall back to on_store_error").into_response();
+        }
+    }
     let probe = match sluice_core::FixedWindow::new(
         1,
         Duration::from_secs(1),
@@ -344,17 +351,59 @@ async fn readyz(State(state): State<ApiState>) -> Response {
 async fn metrics(State(state): State<ApiState>) -> Response {
     let limiter = &state.limiter;
     let stats = limiter.reloader().stats();
-    let text = limiter.metrics().render(
+    let mut text = limiter.metrics().render(
         limiter.store().tracked_keys(),
         stats.reloads.load(std::sync::atomic::Ordering::Relaxed),
         stats.failures.load(std::sync::atomic::Ordering::Relaxed),
     );
+    if let Some(redis) = &state.redis {
+        insert_before_eof(&mut text, &redis_metrics(redis));
+    }
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
     response
+}
+
+/// The Redis store's breaker state and refund counters, in the exposition format.
+fn redis_metrics(redis: &sluice_redis::RedisStore) -> String {
+    use sluice_redis::BreakerState;
+    let current = redis.breaker_state();
+    let stats = redis.stats();
+    let mut out = String::from(
+        "# HELP sluice_store_breaker_state The Redis circuit breaker's state (1 for the current one).\n\
+         # TYPE sluice_store_breaker_state gauge\n",
+    );
+    for s in [BreakerState::Closed, BreakerState::Open, BreakerState::HalfOpen] {
+        out.push_str(&format!(
+            "sluice_store_breaker_state{{state=\"{}\"}} {}\n",
+            s.name(),
+            u8::from(s == current)
+        ));
+    }
+    out.push_str(&format!(
+        "# HELP sluice_store_refunds Requests whose checks spanned Cluster slots and were refunded.\n\
+         # TYPE sluice_store_refunds counter\n\
+         sluice_store_refunds_total {}\n\
+         # HELP sluice_store_refund_failures Refunds that failed, leaving a reservation to expire.\n\
+         # TYPE sluice_store_refund_failures counter\n\
+         sluice_store_refund_failures_total {}\n\
+         # HELP sluice_store_short_circuited Store calls failed at once because the breaker was open.\n\
+         # TYPE sluice_store_short_circuited counter\n\
+         sluice_store_short_circuited_total {}\n",
+        stats.refunds, stats.refund_failures, stats.short_circuited
+    ));
+    out
+}
+
+/// Inserts `extra` before the exposition's closing `# EOF` line.
+fn insert_before_eof(text: &mut String, extra: &str) {
+    match text.rfind("# EOF") {
+        Some(at) => text.insert_str(at, extra),
+        None => text.push_str(extra),
+    }
 }
 
 /// Admin endpoints answer loopback peers, and others only with the admin token.

@@ -59,6 +59,8 @@ pub struct ServeOptions {
     pub grpc_headers: HeaderStyle,
     /// How long rule files must be quiet before a change is reloaded.
     pub reload_debounce: Duration,
+    /// Key prefix and call timeout for a Redis store.
+    pub store_settings: store_url::StoreSettings,
 }
 
 impl ServeOptions {
@@ -73,6 +75,7 @@ impl ServeOptions {
             http_headers: HeaderStyle::Ietf,
             grpc_headers: HeaderStyle::None,
             reload_debounce: Duration::from_millis(250),
+            store_settings: store_url::StoreSettings::default(),
         }
     }
 }
@@ -113,8 +116,8 @@ pub struct Server {
 impl Server {
     /// Loads the rules, opens the store, binds both listeners and starts serving.
     pub async fn start(options: ServeOptions) -> Result<Server, StartError> {
-        let store = store_url::open(&options.store).await?;
-        Self::start_with_store(options, store).await
+        let store = store_url::open(&options.store, &options.store_settings).await?;
+        Self::start_with_open_store(options, store).await
     }
 
     /// Starts serving on a store built by the caller, ignoring `options.store`: how tests run
@@ -123,10 +126,19 @@ impl Server {
         options: ServeOptions,
         store: Arc<dyn sluice_core::DynStore>,
     ) -> Result<Server, StartError> {
+        Self::start_with_open_store(options, store_url::OpenStore::plain(store)).await
+    }
+
+    async fn start_with_open_store(
+        options: ServeOptions,
+        opened: store_url::OpenStore,
+    ) -> Result<Server, StartError> {
+        let store = opened.store.clone();
         let reloader = Reloader::new(options.config.clone())?;
         let watcher = reloader
             .watch(options.reload_debounce)
             .map_err(|e| StartError::Watch(e.to_string()))?;
+        log_reloads(&reloader);
         let limiter = Arc::new(Limiter::new(reloader, store, Arc::new(Metrics::new())));
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
@@ -144,6 +156,7 @@ impl Server {
         let state = api::ApiState {
             limiter: limiter.clone(),
             admin_token: options.admin_token.map(Arc::from),
+            redis: opened.redis,
             headers: options.http_headers,
         };
         let app = api::router(state).into_make_service_with_connect_info::<SocketAddr>();
@@ -213,6 +226,31 @@ impl Server {
         for t in self.tasks {
             let _ = t.await;
         }
+    }
+}
+
+/// Logs every reload's outcome, on a thread of its own that ends with the reloader.
+fn log_reloads(reloader: &Reloader) {
+    let events = reloader.subscribe();
+    let spawned = std::thread::Builder::new()
+        .name("sluice-reload-log".into())
+        .spawn(move || {
+            for event in events {
+                match event {
+                    sluice_rules::ReloadEvent::Reloaded { fingerprint } => {
+                        tracing::info!(fingerprint = format!("{fingerprint:016x}"), "rules reloaded");
+                    }
+                    sluice_rules::ReloadEvent::Unchanged => {
+                        tracing::debug!("rule files touched; rules unchanged");
+                    }
+                    sluice_rules::ReloadEvent::Failed(e) => {
+                        tracing::error!("rules not reloaded; the old rules stay in force:\n{e}");
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the reload logger; reloads still happen");
     }
 }
 

@@ -1,14 +1,19 @@
 //! `--store`: which store to use, as a URL.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sluice_core::{DynStore, MemoryStore};
+use sluice_redis::{BreakerState, ConnectError, RedisOptions, RedisStore};
 
 /// The `--store` value could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreUrlError {
     /// A scheme Sluice does not know.
-    #[error("unknown store `{0}`; expected `memory` or `memory://?max_keys=N`")]
+    #[error(
+        "unknown store `{0}`; expected `memory`, `memory://?max_keys=N`, `redis://`, \
+         `rediss://`, `redis+sentinel://` or `redis+cluster://`"
+    )]
     Unknown(String),
     /// A bad parameter.
     #[error("bad store parameter in `{url}`: {reason}")]
@@ -18,34 +23,117 @@ pub enum StoreUrlError {
         /// What was wrong.
         reason: String,
     },
+    /// Redis could not be set up.
+    #[error(transparent)]
+    Redis(#[from] ConnectError),
+}
+
+/// How the service talks to Redis, when it does.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    /// The first part of every Redis key.
+    pub prefix: String,
+    /// How long one store call may take before it counts as failed.
+    pub timeout: Duration,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            prefix: "sluice".to_owned(),
+            timeout: Duration::from_millis(50),
+        }
+    }
+}
+
+/// An open store, and what the service can ask of it beyond decisions.
+#[derive(Clone)]
+pub struct OpenStore {
+    /// The store every decision goes to.
+    pub store: Arc<dyn DynStore>,
+    /// The Redis store behind it, for breaker state and statistics.
+    pub redis: Option<RedisStore>,
+}
+
+impl std::fmt::Debug for OpenStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenStore")
+            .field("redis", &self.redis.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenStore {
+    /// A store that is not Redis.
+    pub fn plain(store: Arc<dyn DynStore>) -> Self {
+        OpenStore { store, redis: None }
+    }
+
+    /// The circuit breaker's state, for a Redis store.
+    pub fn breaker(&self) -> Option<BreakerState> {
+        self.redis.as_ref().map(RedisStore::breaker_state)
+    }
 }
 
 /// Opens the store `url` names.
-pub async fn open(url: &str) -> Result<Arc<dyn DynStore>, StoreUrlError> {
+pub async fn open(url: &str, settings: &StoreSettings) -> Result<OpenStore, StoreUrlError> {
     let (scheme, rest) = url.split_once("://").unwrap_or((url, ""));
     match scheme {
-        "memory" => {
-            let mut builder = MemoryStore::builder();
-            let query = rest.strip_prefix('?').unwrap_or(rest);
-            for pair in query.split('&').filter(|p| !p.is_empty()) {
-                match pair.split_once('=') {
-                    Some(("max_keys", n)) => {
-                        let n: usize = n.parse().map_err(|_| StoreUrlError::BadParameter {
-                            url: url.to_owned(),
-                            reason: format!("max_keys `{n}` is not a whole number"),
-                        })?;
-                        builder = builder.max_keys(n);
-                    }
-                    _ => {
-                        return Err(StoreUrlError::BadParameter {
-                            url: url.to_owned(),
-                            reason: format!("unknown parameter `{pair}`; memory takes max_keys"),
-                        });
-                    }
-                }
-            }
-            Ok(Arc::new(builder.build()))
+        "memory" => Ok(OpenStore::plain(Arc::new(memory(url, rest)?))),
+        "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
+        | "rediss+cluster" => {
+            let options = RedisOptions::default()
+                .prefix(settings.prefix.clone())
+                .timeout(settings.timeout);
+            let redis = RedisStore::connect(url, options).await?;
+            Ok(OpenStore {
+                store: Arc::new(redis.clone()),
+                redis: Some(redis),
+            })
         }
         _ => Err(StoreUrlError::Unknown(url.to_owned())),
+    }
+}
+
+fn memory(url: &str, rest: &str) -> Result<MemoryStore, StoreUrlError> {
+    let mut builder = MemoryStore::builder();
+    let query = rest.strip_prefix('?').unwrap_or(rest);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("max_keys", n)) => {
+                let n: usize = n.parse().map_err(|_| StoreUrlError::BadParameter {
+                    url: url.to_owned(),
+                    reason: format!("max_keys `{n}` is not a whole number"),
+                })?;
+                builder = builder.max_keys(n);
+            }
+            _ => {
+                return Err(StoreUrlError::BadParameter {
+                    url: url.to_owned(),
+                    reason: format!("unknown parameter `{pair}`; memory takes max_keys"),
+                });
+            }
+        }
+    }
+    Ok(builder.build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn urls_are_checked_with_a_reason() {
+        let s = StoreSettings::default();
+        assert!(open("memory", &s).await.is_ok());
+        assert!(open("memory://?max_keys=10", &s).await.is_ok());
+        let e = open("memory://?max_keys=ten", &s).await.unwrap_err().to_string();
+        assert!(e.contains("not a whole number"), "{e}");
+        let e = open("memory://?size=1", &s).await.unwrap_err().to_string();
+        assert!(e.contains("unknown parameter"), "{e}");
+        let e = open("postgres://x", &s).await.unwrap_err().to_string();
+        assert!(e.contains("unknown store"), "{e}");
+        let e = open("redis+cluster://", &s).await.unwrap_err().to_string();
+        assert!(e.contains("invalid redis store URL"), "{e}");
     }
 }
