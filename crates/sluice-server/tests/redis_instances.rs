@@ -1,0 +1,303 @@
+//! Several `sluice serve` processes sharing one Redis (or a 3-master Cluster) enforce one exact
+//! limit between them, for every algorithm, and keep it across a restart. Real processes, a real
+//! `redis-server`, real HTTP.
+
+#[path = "../../sluice-redis/tests/harness/mod.rs"]
+mod harness;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use harness::{RedisCluster, RedisServer, unique_prefix};
+use serde_json::{Value, json};
+
+/// Every algorithm with a limit of 50 that does not refill while a test runs.
+const RULES: &str = r#"
+domain: multi
+descriptors:
+  - key: token_bucket
+    rate_limit: {algorithm: token_bucket, requests_per_unit: 1, unit: hour, burst: 50}
+  - key: gcra
+    rate_limit: {algorithm: gcra, requests_per_unit: 1, unit: hour, burst: 50}
+  - key: leaky_queue
+    rate_limit: {algorithm: leaky_queue, requests_per_unit: 1, unit: hour, queue_size: 49, max_wait: 100h}
+  - key: fixed_window
+    rate_limit: {algorithm: fixed_window, alignment: first_request, requests_per_unit: 50, window: 1h}
+  - key: sliding_log
+    rate_limit: {algorithm: sliding_log, requests_per_unit: 50, window: 1h}
+  - key: sliding_counter
+    rate_limit: {algorithm: sliding_counter, requests_per_unit: 50, window: 30d}
+  - key: global
+    rate_limit: {algorithm: fixed_window, alignment: first_request, requests_per_unit: 30, window: 1h}
+"#;
+
+const ALGORITHMS: [&str; 6] = [
+    "token_bucket",
+    "gcra",
+    "leaky_queue",
+    "fixed_window",
+    "sliding_log",
+    "sliding_counter",
+];
+
+/// A `sluice serve` child process, killed by PID when dropped.
+struct Instance {
+    child: Child,
+    http: String,
+}
+
+impl Instance {
+    fn start(rules: &Path, store: &str, prefix: &str) -> Instance {
+        let free = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.to_string())
+                .expect("a free port")
+        };
+        let (http, grpc) = (free(), free());
+        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "serve",
+                "--http-addr",
+                &http,
+                "--grpc-addr",
+                &grpc,
+                "--store",
+                store,
+            ])
+            .args([
+                "--store-prefix",
+                prefix,
+                "--store-timeout-ms",
+                "5000",
+                "--config",
+            ])
+            .arg(rules)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sluice starts");
+        let instance = Instance {
+            child,
+            http: format!("http://{http}"),
+        };
+        harness::wait_until("sluice answers /readyz", || {
+            std::net::TcpStream::connect(&http).is_ok()
+        });
+        instance
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rules_file(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("rules.yaml");
+    std::fs::write(&path, RULES).expect("rules written");
+    path
+}
+
+fn body(descriptors: &[(&str, &str)]) -> Value {
+    let descriptors: Vec<Value> = descriptors
+        .iter()
+        .map(|(k, v)| json!({"entries": [{"key": k, "value": v}]}))
+        .collect();
+    json!({"domain": "multi", "descriptors": descriptors})
+}
+
+/// Sends `total` requests with `body`, from 64 concurrent clients spread over `instances`, and
+/// counts how many were admitted.
+async fn admitted(instances: &[String], body: Value, total: usize) -> usize {
+    let client = reqwest::Client::new();
+    let body = Arc::new(body);
+    let tasks: Vec<_> = (0..64)
+        .map(|c| {
+            let (client, body) = (client.clone(), body.clone());
+            let urls: Vec<String> = instances.iter().map(|u| format!("{u}/v1/check")).collect();
+            tokio::spawn(async move {
+                let mut ok = 0;
+                for i in (c..total).step_by(64) {
+                    let r = client
+                        .post(&urls[i % urls.len()])
+                        .json(&*body)
+                        .send()
+                        .await
+                        .unwrap();
+                    match r.status().as_u16() {
+                        200 => ok += 1,
+                        429 => {}
+                        other => panic!("unexpected status {other}: {}", r.text().await.unwrap()),
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut sum = 0;
+    for t in tasks {
+        sum += t.await.unwrap();
+    }
+    sum
+}
+
+async fn remaining(instance: &str, descriptor: (&str, &str)) -> u64 {
+    let mut b = body(&[descriptor]);
+    b["descriptors"][0]["cost"] = json!(0);
+    let r: Value = reqwest::Client::new()
+        .post(format!("{instance}/v1/check"))
+        .json(&b)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    r["descriptors"][0]["limits"][0]["remaining"]
+        .as_u64()
+        .unwrap()
+}
+
+async fn exact_across_instances(store: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(dir.path());
+    let prefix = unique_prefix();
+    let instances: Vec<Instance> = (0..3)
+        .map(|_| Instance::start(&rules, store, &prefix))
+        .collect();
+    let urls: Vec<String> = instances.iter().map(|i| i.http.clone()).collect();
+    for algorithm in ALGORITHMS {
+        let n = admitted(&urls, body(&[(algorithm, "hot")]), 150).await;
+        assert_eq!(n, 50, "{algorithm} on {store}");
+    }
+    // Two limits per request, on counters in different slots: exactly the smaller limit passes,
+    // and the refused requests took nothing from the larger one.
+    let n = admitted(
+        &urls,
+        body(&[("fixed_window", "pair"), ("global", "pair")]),
+        90,
+    )
+    .await;
+    assert_eq!(n, 30, "multi-limit on {store}");
+    assert_eq!(remaining(&urls[0], ("fixed_window", "pair")).await, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_one_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    exact_across_instances(&redis.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_a_cluster_admit_exactly_the_limit() {
+    let cluster = RedisCluster::start();
+    exact_across_instances(&cluster.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_instance_keeps_its_limits() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(dir.path());
+    let prefix = unique_prefix();
+    let first = Instance::start(&rules, &redis.url(), &prefix);
+    let n = admitted(&[first.http.clone()], body(&[("sliding_log", "r")]), 50).await;
+    assert_eq!(n, 50);
+    drop(first);
+    let second = Instance::start(&rules, &redis.url(), &prefix);
+    let n = admitted(&[second.http.clone()], body(&[("sliding_log", "r")]), 10).await;
+    assert_eq!(n, 0, "the new process sees the old process's counts");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_answers_follow_on_store_error_and_stay_fast() {
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(
+        &path,
+        "domain: multi\ndescriptors:\n  - key: open\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: closed\n    on_store_error: deny\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n  - key: local\n    on_store_error: local\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let instance = Instance::start(&path, &redis.url(), &unique_prefix());
+    let client = reqwest::Client::new();
+    let status = |d: (&'static str, &'static str)| {
+        let (client, url) = (client.clone(), format!("{}/v1/check", instance.http));
+        async move {
+            client
+                .post(url)
+                .json(&body(&[d]))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(status(("open", "a")).await, 200);
+    assert_eq!(status(("open", "a")).await, 429, "Redis counts");
+    redis.kill();
+    // Fail open, fail closed, and limit locally, each as its rule says.
+    for _ in 0..5 {
+        assert_eq!(status(("open", "a")).await, 200);
+        assert_eq!(status(("closed", "b")).await, 429);
+    }
+    assert_eq!(status(("local", "c")).await, 200);
+    assert_eq!(status(("local", "c")).await, 200);
+    assert_eq!(
+        status(("local", "c")).await,
+        429,
+        "limited in memory while Redis is away"
+    );
+    // The breaker opened: further calls fail at once instead of waiting out the store's 5s
+    // timeout each, which the short-circuit counter shows without timing anything.
+    for _ in 0..20 {
+        assert_eq!(status(("open", "a")).await, 200);
+    }
+    let metrics = client
+        .get(format!("{}/metrics", instance.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"sluice_store_breaker_state{state="closed"} 0"#),
+        "{metrics}"
+    );
+    let short_circuited: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_store_short_circuited_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        short_circuited >= 10,
+        "{short_circuited} calls short-circuited"
+    );
+    assert!(metrics.contains(r#"outcome="store_error""#));
+    let ready = client
+        .get(format!("{}/readyz", instance.http))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+    // Back: exact limiting resumes (this Redis keeps no data across the restart).
+    redis.restart();
+    harness::eventually("limiting resumes on Redis", || async {
+        status(("closed", "b")).await == 200
+    })
+    .await;
+    assert_eq!(status(("open", "fresh")).await, 200);
+    assert_eq!(
+        status(("open", "fresh")).await,
+        429,
+        "counted in Redis again"
+    );
+}
