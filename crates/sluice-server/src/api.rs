@@ -321,7 +321,11 @@ async fn check(State(state): State<ApiState>, body: Body) -> Result<Response, Pr
 async fn readyz(State(state): State<ApiState>) -> Response {
     if let Some(breaker) = state.redis.as_ref().map(|r| r.breaker_state()) {
         if breaker == sluice_redis::BreakerState::Open {
-            return (StatusCode::SERVICE_UNAVAILABLE, "store: circuit breaker open; rules fall back to on_store_error").into_response();
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store: circuit breaker open; rules fall back to on_store_error",
+            )
+                .into_response();
         }
     }
     let probe = match sluice_core::FixedWindow::new(
@@ -376,7 +380,11 @@ fn redis_metrics(redis: &sluice_redis::RedisStore) -> String {
         "# HELP sluice_store_breaker_state The Redis circuit breaker's state (1 for the current one).\n\
          # TYPE sluice_store_breaker_state gauge\n",
     );
-    for s in [BreakerState::Closed, BreakerState::Open, BreakerState::HalfOpen] {
+    for s in [
+        BreakerState::Closed,
+        BreakerState::Open,
+        BreakerState::HalfOpen,
+    ] {
         out.push_str(&format!(
             "sluice_store_breaker_state{{state=\"{}\"}} {}\n",
             s.name(),

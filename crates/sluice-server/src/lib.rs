@@ -238,7 +238,10 @@ fn log_reloads(reloader: &Reloader) {
             for event in events {
                 match event {
                     sluice_rules::ReloadEvent::Reloaded { fingerprint } => {
-                        tracing::info!(fingerprint = format!("{fingerprint:016x}"), "rules reloaded");
+                        tracing::info!(
+                            fingerprint = format!("{fingerprint:016x}"),
+                            "rules reloaded"
+                        );
                     }
                     sluice_rules::ReloadEvent::Unchanged => {
                         tracing::debug!("rule files touched; rules unchanged");

@@ -72,9 +72,16 @@ struct ServeArgs {
     /// Where the gRPC service listens.
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     grpc_addr: SocketAddr,
-    /// Where counters live: `memory` or `memory://?max_keys=N`.
+    /// Where counters live: `memory`, `memory://?max_keys=N`, `redis://[user:pass@]host:port`,
+    /// `rediss://…`, `redis+sentinel://host:port,…/master`, or `redis+cluster://host:port,…`.
     #[arg(long, env = "SLUICE_STORE", default_value = "memory")]
     store: String,
+    /// The first part of every Redis key, so deployments sharing a Redis stay apart.
+    #[arg(long, env = "SLUICE_STORE_PREFIX", default_value = "sluice")]
+    store_prefix: String,
+    /// Milliseconds one store call may take before the rule's on_store_error applies.
+    #[arg(long, env = "SLUICE_STORE_TIMEOUT_MS", default_value_t = 50)]
+    store_timeout_ms: u64,
     /// Bearer token that opens the admin endpoints to non-loopback clients.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN")]
     admin_token: Option<String>,
@@ -120,7 +127,11 @@ struct ProxyArgs {
     max_delayed: usize,
     /// A proxy whose X-Forwarded-For and Forwarded headers are believed, as a CIDR
     /// (repeatable), beyond the rules' `trusted_proxies`.
-    #[arg(long = "trusted-proxy", env = "SLUICE_TRUSTED_PROXIES", value_delimiter = ',')]
+    #[arg(
+        long = "trusted-proxy",
+        env = "SLUICE_TRUSTED_PROXIES",
+        value_delimiter = ','
+    )]
     trusted_proxies: Vec<sluice_rules::Cidr>,
     /// Log format.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "pretty")]
@@ -164,7 +175,9 @@ fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         let _watcher = rules
             .watch(Duration::from_millis(args.reload_debounce_ms))
             .context("cannot watch the rule files for changes")?;
-        let store = sluice_server::store_url::open(&args.store).await?;
+        let store = sluice_server::store_url::open(&args.store, &Default::default())
+            .await?
+            .store;
         let limiter = std::sync::Arc::new(sluice_http::Limiter::new(
             rules,
             store,
@@ -223,6 +236,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         options.http_addr = args.http_addr;
         options.grpc_addr = args.grpc_addr;
         options.store = args.store;
+        options.store_settings = sluice_server::store_url::StoreSettings {
+            prefix: args.store_prefix,
+            timeout: Duration::from_millis(args.store_timeout_ms),
+        };
         options.admin_token = args.admin_token;
         options.http_headers = args.http_headers.into();
         options.grpc_headers = args.grpc_headers.into();

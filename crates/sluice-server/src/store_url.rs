@@ -127,7 +127,10 @@ mod tests {
         let s = StoreSettings::default();
         assert!(open("memory", &s).await.is_ok());
         assert!(open("memory://?max_keys=10", &s).await.is_ok());
-        let e = open("memory://?max_keys=ten", &s).await.unwrap_err().to_string();
+        let e = open("memory://?max_keys=ten", &s)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a whole number"), "{e}");
         let e = open("memory://?size=1", &s).await.unwrap_err().to_string();
         assert!(e.contains("unknown parameter"), "{e}");

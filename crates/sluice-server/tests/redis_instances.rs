@@ -207,11 +207,21 @@ async fn a_restarted_instance_keeps_its_limits() {
     let rules = rules_file(dir.path());
     let prefix = unique_prefix();
     let first = Instance::start(&rules, &redis.url(), &prefix);
-    let n = admitted(&[first.http.clone()], body(&[("sliding_log", "r")]), 50).await;
+    let n = admitted(
+        std::slice::from_ref(&first.http),
+        body(&[("sliding_log", "r")]),
+        50,
+    )
+    .await;
     assert_eq!(n, 50);
     drop(first);
     let second = Instance::start(&rules, &redis.url(), &prefix);
-    let n = admitted(&[second.http.clone()], body(&[("sliding_log", "r")]), 10).await;
+    let n = admitted(
+        std::slice::from_ref(&second.http),
+        body(&[("sliding_log", "r")]),
+        10,
+    )
+    .await;
     assert_eq!(n, 0, "the new process sees the old process's counts");
 }
 
