@@ -215,3 +215,30 @@ async fn sentinel_urls_find_the_master() {
     let key = store.key_of("via-sentinel");
     assert_eq!(master.command(&["EXISTS", &key]).unwrap().trim(), "1");
 }
+
+/// An instance restarted mid-window keeps its limits: the state lives in Redis, so a new store
+/// (a new process's) carries on where the old one stopped.
+#[tokio::test]
+async fn a_restarted_instance_keeps_its_limits() {
+    let server = shared_server();
+    let options = test_options();
+    let offset = offset_to_window_start(server.port, Duration::from_secs(3600));
+    for policy in fifty_per_hour() {
+        let key = format!("restart:{}", name(&policy));
+        {
+            let before = RedisStore::connect(&server.url(), options.clone())
+                .await
+                .unwrap();
+            before.set_time_offset(offset);
+            for _ in 0..30 {
+                before.check(&[Check::new(&key, &policy, 1)]).await.unwrap();
+            }
+        }
+        let after = RedisStore::connect(&server.url(), options.clone())
+            .await
+            .unwrap();
+        after.set_time_offset(offset);
+        let d = after.check(&[Check::new(&key, &policy, 1)]).await.unwrap();
+        assert_eq!(d[0].remaining, 19, "{}", name(&policy));
+    }
+}

@@ -31,6 +31,8 @@ pub struct RedisServer {
     bus_port: Option<u16>,
     /// For a Sentinel: the port of the master it watches (as `mymaster`).
     sentinel_of: Option<u16>,
+    /// For a replica: the port of its master.
+    replica_of: Option<u16>,
     /// For a server that also speaks TLS: its TLS port (certificates in `dir`).
     pub tls_port: Option<u16>,
     dir: tempfile::TempDir,
@@ -60,6 +62,7 @@ impl RedisServer {
             sentinel_of: None,
             tls_port: None,
             dir,
+            replica_of: None,
             child: None,
             watchdog: None,
         };
@@ -132,11 +135,33 @@ impl RedisServer {
             bus_port: None,
             sentinel_of: None,
             tls_port: Some(free_port()),
+            replica_of: None,
             dir,
             child: None,
             watchdog: None,
         };
         server.spawn();
+        server
+    }
+
+    /// A replica of `master`.
+    pub fn start_replica(master: &RedisServer) -> Self {
+        let mut server = RedisServer {
+            port: free_port(),
+            bus_port: None,
+            sentinel_of: None,
+            tls_port: None,
+            replica_of: Some(master.port),
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            child: None,
+            watchdog: None,
+        };
+        server.spawn();
+        wait_until("the replica is in sync", || {
+            server
+                .command(&["INFO", "replication"])
+                .is_some_and(|i| i.contains("master_link_status:up"))
+        });
         server
     }
 
@@ -147,6 +172,7 @@ impl RedisServer {
             bus_port: None,
             sentinel_of: Some(master.port),
             tls_port: None,
+            replica_of: None,
             dir: tempfile::tempdir().expect("a temporary directory"),
             child: None,
             watchdog: None,
@@ -181,6 +207,10 @@ impl RedisServer {
                 .args(["--protected-mode", "no", "--loglevel", "warning"])
                 .arg("--dir")
                 .arg(self.dir.path());
+        }
+        if let Some(master) = self.replica_of {
+            cmd.args(["--replicaof", "127.0.0.1"])
+                .arg(master.to_string());
         }
         if let Some(tls) = self.tls_port {
             let file = |name: &str| self.dir.path().join(name);
