@@ -23,6 +23,9 @@ pub enum OnStoreError {
 }
 
 impl OnStoreError {
+    /// The names the configuration uses.
+    pub const NAMES: [&'static str; 3] = ["allow", "deny", "local"];
+
     /// The configuration name.
     pub fn name(self) -> &'static str {
         match self {

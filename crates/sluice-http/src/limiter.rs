@@ -376,7 +376,7 @@ impl Limiter {
                         planned[i]
                             .rule
                             .as_ref()
-                            .map_or(OnStoreError::Allow, |r| to_core(r.on_store_error))
+                            .map_or(OnStoreError::Allow, |r| r.on_store_error)
                     })
                     .collect();
                 decide_without_store(&checks, &modes, &self.local, self.deny_retry)
@@ -386,14 +386,6 @@ impl Limiter {
                     .collect()
             }
         }
-    }
-}
-
-fn to_core(mode: sluice_rules::OnStoreError) -> OnStoreError {
-    match mode {
-        sluice_rules::OnStoreError::Allow => OnStoreError::Allow,
-        sluice_rules::OnStoreError::Deny => OnStoreError::Deny,
-        sluice_rules::OnStoreError::Local => OnStoreError::Local,
     }
 }
 

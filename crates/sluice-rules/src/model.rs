@@ -147,23 +147,9 @@ impl Action {
     }
 }
 
-/// What a rule does when the store cannot answer (Redis is down, a timeout, a full store).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum OnStoreError {
-    /// Let the request through: a limiter failure must not become a service failure. The
-    /// default.
-    #[default]
-    Allow,
-    /// Turn the request away, for limits that protect something fragile or costly.
-    Deny,
-    /// Fall back to limiting in this instance's memory.
-    Local,
-}
-
-impl OnStoreError {
-    /// The names the configuration uses.
-    pub const NAMES: [&'static str; 3] = ["allow", "deny", "local"];
-}
+/// What a rule does when the store cannot answer (Redis is down, a timeout, a full store): the
+/// core's type, so the rule and the fallback that applies it cannot drift apart.
+pub use sluice_core::OnStoreError;
 
 /// One domain: a namespace of descriptors, as Envoy's `domain:`.
 #[derive(Debug, Clone)]
