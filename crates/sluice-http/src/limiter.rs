@@ -368,8 +368,12 @@ impl Limiter {
         match self.store.check(&checks).await {
             Ok(decisions) => decisions.into_iter().map(|d| (d, false)).collect(),
             Err(e) => {
-                self.metrics.store_error();
-                tracing::warn!(error = %e, transient = e.is_transient(), "store failed; applying on_store_error");
+                let before = self.metrics.store_error();
+                // The first errors of an outage, then every power of two: enough to see it
+                // start and last, without a log line per request while the store is down.
+                if before < 8 || before.is_power_of_two() {
+                    tracing::warn!(error = %e, transient = e.is_transient(), errors_so_far = before + 1, "store failed; applying on_store_error");
+                }
                 let modes: Vec<OnStoreError> = which
                     .iter()
                     .map(|&i| {

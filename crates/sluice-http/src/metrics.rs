@@ -190,8 +190,11 @@ impl Metrics {
     }
 
     /// Counts a failed store call.
-    pub fn store_error(&self) {
-        self.store_errors.inc();
+    ///
+    /// Returns how many store errors were counted before this one, so that callers can log the
+    /// first few of an outage and then fewer, instead of a line per request.
+    pub fn store_error(&self) -> u64 {
+        self.store_errors.inc()
     }
 
     /// Counts a refusal of `key`, for the top-limited report.
