@@ -279,3 +279,50 @@ async fn the_delay_queue_is_bounded_and_a_client_that_leaves_frees_its_place() {
     let _ = waiting.await;
     assert_eq!(enforcer.free_delay_places(), 1);
 }
+
+#[tokio::test]
+async fn a_single_policy_and_a_key_closure_need_no_rules_file() {
+    use sluice_core::{Alignment, FakeClock, FixedWindow, Policy, Timestamp};
+    let clock = FakeClock::at(Timestamp::from_secs(1_000_000));
+    let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    let policy = Policy::from(
+        FixedWindow::new(3, Duration::from_secs(60), Alignment::FirstRequest).unwrap(),
+    );
+    let layer = RateLimitLayer::with_policy(policy, store, |parts, ip| {
+        if parts.uri.path() == "/free" {
+            return None;
+        }
+        let user = parts.headers.get("x-user").and_then(|v| v.to_str().ok());
+        Some(user.map_or_else(|| ip.to_string(), str::to_owned))
+    });
+    let app = Router::new()
+        .route("/limited", get(|| async { "hello" }))
+        .route("/free", get(|| async { "free" }))
+        .layer(layer);
+    let addr = serve(app).await;
+    let get = |path: &'static str, user: &'static str| async move {
+        // A fresh client per request: a fresh connection, so a fresh clone of the router.
+        reqwest::Client::new()
+            .get(format!("http://{addr}{path}"))
+            .header("x-user", user)
+            .send()
+            .await
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(get("/limited", "ann").await.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let refused = get("/limited", "ann").await;
+    assert_eq!(refused.headers()["ratelimit"], r#""limit";r=0;t=60"#);
+    assert_eq!(refused.headers()["retry-after"], "60");
+    assert_eq!(
+        get("/limited", "bob").await.status(),
+        200,
+        "another key, another counter"
+    );
+    assert_eq!(get("/free", "ann").await.status(), 200, "no key, no limit");
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(get("/limited", "ann").await.status(), 200);
+}

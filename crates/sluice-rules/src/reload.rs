@@ -75,6 +75,19 @@ impl Reloader {
         }))
     }
 
+    /// A reloader holding a rule set built in code, with no files behind it: a reload keeps it.
+    /// How the tower layer limits by a single policy without a rules file.
+    pub fn fixed(rules: RuleSet) -> Arc<Self> {
+        Arc::new(Reloader {
+            sources: Vec::new(),
+            current: ArcSwap::from_pointee(rules),
+            stats: ReloadStats::default(),
+            last_error: Mutex::new(None),
+            subscribers: Mutex::new(Vec::new()),
+            reloading: Mutex::new(()),
+        })
+    }
+
     /// The rule set in force. Hold the `Arc` for the length of one request, so the request is
     /// matched against one set from start to finish.
     pub fn rules(&self) -> Arc<RuleSet> {
@@ -107,6 +120,11 @@ impl Reloader {
     /// one leaves it in force and is reported.
     pub fn reload_now(&self) -> ReloadEvent {
         let _serial = lock(&self.reloading);
+        if self.sources.is_empty() {
+            // A fixed rule set built in code: there is nothing to read again.
+            self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
+            return ReloadEvent::Unchanged;
+        }
         let event = match RuleSet::load_all(&self.sources) {
             Ok(rules) if rules.fingerprint() == self.current.load().fingerprint() => {
                 self.stats.unchanged.fetch_add(1, Ordering::Relaxed);

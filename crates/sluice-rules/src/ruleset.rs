@@ -43,6 +43,20 @@ impl RuleSet {
         }
     }
 
+    /// A rule set built in code from domain configurations, for embedders that have no rule
+    /// file. A later domain of the same name replaces an earlier one; there are no routes.
+    pub fn from_domains(domains: impl IntoIterator<Item = DomainConfig>) -> Self {
+        let mut set = Self::empty();
+        let mut fingerprint = SipHasher13::new();
+        for d in domains {
+            fingerprint.write(d.name.as_bytes());
+            set.domains
+                .insert(d.name.clone(), CompiledDomain::compile(d));
+        }
+        set.fingerprint = fingerprint.finish();
+        set
+    }
+
     /// Parses one file's text. `name` is how errors refer to it.
     pub fn parse(name: &str, text: &str) -> Result<Self, LoadError> {
         Self::from_sources([(name, text)])

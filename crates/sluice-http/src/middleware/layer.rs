@@ -4,20 +4,31 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use http::request::Parts;
-use sluice_rules::Cidr;
+use sluice_core::{DynStore, OnStoreError, Policy};
+use sluice_rules::{
+    Action, Cidr, DescriptorConfig, DomainConfig, LimitConfig, Location, Reloader, RuleSet,
+    ValueMatch,
+};
 use tower_layer::Layer;
 
 use super::service::RateLimit;
 use crate::client_ip::client_ip;
 use crate::enforce::{DEFAULT_MAX_DELAYED, Enforcer};
 use crate::extract::{Extracted, extract};
-use crate::limiter::Limiter;
+use crate::headers::HeaderStyle;
+use crate::limiter::{LimitRequest, Limiter, RequestDescriptor};
+use crate::metrics::Metrics;
 
 /// The socket peer of a request, as a request extension. The gateway sets it; under axum the
 /// layer also reads `ConnectInfo<SocketAddr>` (with the `axum` feature). Without either, the
 /// client IP is unknown and reads as `0.0.0.0`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
+
+/// The domain of the rule set [`RateLimitLayer::with_policy`] builds.
+const POLICY_DOMAIN: &str = "layer";
+/// The descriptor key its requests carry.
+const POLICY_KEY: &str = "key";
 
 /// Builds the limit request of an HTTP request, given its parts and client IP; `None` leaves
 /// the request unlimited.
@@ -115,6 +126,72 @@ impl RateLimitLayer {
         F: Fn(&Parts, IpAddr) -> Option<Extracted> + Send + Sync + 'static,
     {
         Self::build(limiter, Keys::Custom(Arc::new(extractor)))
+    }
+
+    /// Limits requests by one `policy`, per key: `key` names the counter a request counts
+    /// against (its client IP, user, API key…), or `None` to let it pass unlimited. No rules
+    /// file is needed; refusals are `reject`s with the usual headers, and a store error admits.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use sluice_core::{MemoryStore, Policy, Rate, TokenBucket};
+    /// use sluice_http::RateLimitLayer;
+    ///
+    /// let policy = Policy::from(TokenBucket::new(20, Rate::per_second(10)).unwrap());
+    /// let layer = RateLimitLayer::with_policy(policy, Arc::new(MemoryStore::new()), |parts, ip| {
+    ///     let user = parts.headers.get("x-user").and_then(|v| v.to_str().ok());
+    ///     Some(user.map_or_else(|| ip.to_string(), str::to_owned))
+    /// });
+    /// let app: axum::Router = axum::Router::new()
+    ///     .route("/", axum::routing::get(|| async { "hello" }))
+    ///     .layer(layer);
+    /// ```
+    pub fn with_policy<F>(policy: Policy, store: Arc<dyn DynStore>, key: F) -> Self
+    where
+        F: Fn(&Parts, IpAddr) -> Option<String> + Send + Sync + 'static,
+    {
+        let location = Location::start_of(Arc::from("RateLimitLayer::with_policy"));
+        let limit = LimitConfig {
+            name: Some(Arc::from("limit")),
+            policy: Arc::new(policy),
+            replaces: Vec::new(),
+            action: Action::Reject,
+            shadow: false,
+            on_store_error: OnStoreError::Allow,
+            location: location.clone(),
+        };
+        let domain = DomainConfig {
+            name: POLICY_DOMAIN.to_owned(),
+            location: location.clone(),
+            descriptors: vec![DescriptorConfig {
+                key: POLICY_KEY.to_owned(),
+                value: ValueMatch::Any,
+                location,
+                limits: vec![limit],
+                unlimited: false,
+                detailed_metric: false,
+                share_threshold: false,
+                descriptors: Vec::new(),
+            }],
+            gateway: None,
+        };
+        let rules = Reloader::fixed(RuleSet::from_domains([domain]));
+        let limiter = Arc::new(Limiter::new(rules, store, Arc::new(Metrics::new())));
+        Self::with_extractor(limiter, move |parts, ip| {
+            let descriptor = RequestDescriptor {
+                entries: vec![(POLICY_KEY.to_owned(), key(parts, ip)?)],
+                cost: None,
+                limit_override: None,
+            };
+            Some(Extracted {
+                request: LimitRequest {
+                    domain: POLICY_DOMAIN.to_owned(),
+                    descriptors: vec![descriptor],
+                    cost: 1,
+                },
+                style: HeaderStyle::Ietf,
+            })
+        })
     }
 
     fn build(limiter: Arc<Limiter>, keys: Keys) -> Self {
