@@ -242,3 +242,59 @@ async fn a_restarted_instance_keeps_its_limits() {
         assert_eq!(d[0].remaining, 19, "{}", name(&policy));
     }
 }
+
+/// A Sentinel failover moves the store to the new master: the first write to the demoted one
+/// fails (`READONLY`, transient), the store asks the Sentinels again, and the counter carries on
+/// from its replicated state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_moves_the_store_to_the_new_master() {
+    use harness::{RedisServer, eventually, wait_until};
+    let master = RedisServer::start();
+    let replica = RedisServer::start_replica(&master);
+    let sentinel = RedisServer::start_sentinel(&master);
+    wait_until("the sentinel knows the replica", || {
+        sentinel
+            .command(&["SENTINEL", "replicas", "mymaster"])
+            .is_some_and(|r| r.contains(&replica.port.to_string()))
+    });
+    let url = format!("redis+sentinel://127.0.0.1:{}/mymaster", sentinel.port);
+    let options = test_options().breaker_cool_down(Duration::from_millis(20));
+    let store = RedisStore::connect(&url, options).await.unwrap();
+    let policy = &fifty_per_hour()[0];
+    let check = [Check::new("failover", policy, 10)];
+    assert_eq!(store.check(&check).await.unwrap()[0].remaining, 40);
+    let key = store.key_of("failover");
+    wait_until("the counter is replicated", || {
+        replica
+            .command(&["EXISTS", &key])
+            .is_some_and(|r| r.trim() == "1")
+    });
+
+    // The Sentinel refuses until it has heard from the replica itself (NOGOODSLAVE).
+    wait_until("the sentinel starts a failover", || {
+        sentinel
+            .command(&["SENTINEL", "FAILOVER", "mymaster"])
+            .is_some_and(|r| r.contains("OK") || r.contains("INPROG"))
+    });
+    wait_until("the sentinels name the new master", || {
+        sentinel
+            .command(&["SENTINEL", "get-master-addr-by-name", "mymaster"])
+            .is_some_and(|r| r.contains(&replica.port.to_string()))
+    });
+    // Sentinel demotes the old master when it next polls it (every 10 s).
+    wait_until("the old master is demoted", || {
+        master
+            .command(&["INFO", "replication"])
+            .is_some_and(|i| i.contains("role:slave"))
+    });
+    let one = [Check::new("failover", policy, 1)];
+    eventually("the store writes to the new master", || async {
+        store.check(&one).await.is_ok()
+    })
+    .await;
+    let d = store.peek("failover", policy).await.unwrap();
+    assert_eq!(
+        d.remaining, 39,
+        "the state moved with the failover, charged once"
+    );
+}
