@@ -305,3 +305,28 @@ async fn without_a_store_each_check_follows_its_mode() {
     );
     assert!("fail-open".parse::<OnStoreError>().is_err());
 }
+
+#[test]
+fn eviction_frees_an_eighth_even_when_expiries_tie() {
+    // Every key is touched in the same second, so all expire in the same second: a pass must
+    // still drop only what it needs, not the whole shard.
+    let clock = FakeClock::at(Timestamp::from_secs(1_000_000));
+    let store = MemoryStore::builder()
+        .clock(clock)
+        .shards(1)
+        .max_keys(800)
+        .build();
+    let policy = per_hour(100);
+    for i in 0..800 {
+        store
+            .check_one(Check::new(&format!("k{i}"), &policy, 1))
+            .unwrap();
+    }
+    assert_eq!(store.len(), 800);
+    store.check_one(Check::new("one-more", &policy, 1)).unwrap();
+    assert_eq!(
+        store.len(),
+        800 - 100 + 1,
+        "one pass drops an eighth of the shard"
+    );
+}

@@ -341,3 +341,11 @@ fn leaky_queue_delays_then_rejects() {
         "one now, two queued, the fourth rejected"
     );
 }
+
+#[test]
+fn a_gcra_burst_spanning_centuries_is_refused_when_built() {
+    let hourly = Rate::new(1, Duration::from_secs(3600)).unwrap();
+    let err = Gcra::new(hourly, 10_000_000).unwrap_err().to_string();
+    assert!(err.contains("century"), "{err}");
+    assert!(Gcra::new(hourly, 800_000).is_ok(), "91 years is allowed");
+}

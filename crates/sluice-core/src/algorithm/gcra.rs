@@ -7,7 +7,11 @@
 
 use std::time::Duration;
 
-use crate::policy::{PolicyError, Rate};
+use crate::policy::{Algorithm, PolicyError, Rate};
+
+/// The longest a GCRA backlog may reach: a century. Keeping `now + backlog` far below `u64::MAX`
+/// means the arithmetic below cannot overflow.
+const MAX_HORIZON_NANOS: u64 = 100 * 365 * 86_400 * 1_000_000_000;
 use crate::{Decision, Timestamp};
 
 /// GCRA parameters.
@@ -26,10 +30,23 @@ impl Gcra {
         if burst > 0 && rate.amount() == 0 {
             return Err(PolicyError::ZeroRate { limit: burst });
         }
+        let interval = rate.interval_nanos();
+        if burst
+            .checked_mul(interval)
+            .is_none_or(|h| h > MAX_HORIZON_NANOS)
+        {
+            return Err(PolicyError::LimitTooLarge {
+                algorithm: Algorithm::Gcra,
+                limit: burst,
+                max: MAX_HORIZON_NANOS / interval,
+                hint: "a burst that takes over a century to drain at this rate is no limit; \
+                       lower the burst or raise the rate",
+            });
+        }
         Ok(Gcra {
             rate,
             burst,
-            interval: rate.interval_nanos(),
+            interval,
         })
     }
 

@@ -22,6 +22,8 @@ pub struct SlidingLog {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SlidingLogState {
     entries: VecDeque<(Timestamp, u64)>,
+    /// The units of every entry, kept so that a decision need not sum the whole log.
+    total: u64,
 }
 
 impl SlidingLog {
@@ -69,8 +71,13 @@ impl SlidingLog {
     ///
     /// A cost of 0 asks whether one more request would pass.
     pub fn decide(&self, state: &SlidingLogState, now: Timestamp, cost: u64) -> Decision {
-        let live = state.entries.iter().filter(|(at, _)| self.live(*at, now));
-        let used: u64 = live.clone().map(|(_, n)| n).sum();
+        // Entries are in arrival order, so the expired ones are a prefix: subtract only those.
+        let expired = state
+            .entries
+            .iter()
+            .take_while(|(at, _)| !self.live(*at, now));
+        let used = state.total - expired.clone().map(|(_, n)| n).sum::<u64>();
+        let live = state.entries.iter().skip(expired.count());
         let remaining = self.limit.saturating_sub(used);
         let need = cost.max(1);
         let last_expiry = |extra: bool| match state.entries.back() {
@@ -107,6 +114,7 @@ impl SlidingLog {
             Some((at, units)) if *at >= now => *units += cost,
             _ => state.entries.push_back((now, cost)),
         }
+        state.total += cost;
     }
 
     /// Drops entries that no longer count at `now`.
@@ -115,7 +123,9 @@ impl SlidingLog {
             if self.live(*at, now) {
                 break;
             }
-            state.entries.pop_front();
+            if let Some((_, units)) = state.entries.pop_front() {
+                state.total -= units;
+            }
         }
     }
 }

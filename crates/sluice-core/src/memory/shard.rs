@@ -81,9 +81,24 @@ impl Shard {
             .collect();
         if !expiries.is_empty() {
             let nth = goal.min(expiries.len()) - 1;
-            let (_, threshold, _) = expiries.select_nth_unstable(nth);
+            let (below, threshold, _) = expiries.select_nth_unstable(nth);
             let threshold = *threshold;
-            self.map.retain(|_, e| e.limited || e.expires > threshold);
+            // Expiries are whole seconds, so many entries may tie at the threshold: drop those
+            // strictly below it, then only as many at it as the goal still needs.
+            let strictly_below = below.iter().filter(|&&x| x < threshold).count();
+            let mut at_threshold = (nth + 1).saturating_sub(strictly_below);
+            self.map.retain(|_, e| {
+                if e.limited || e.expires > threshold {
+                    true
+                } else if e.expires < threshold {
+                    false
+                } else if at_threshold > 0 {
+                    at_threshold -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
         }
         if self.map.len() + extra <= self.cap {
             Ok(())
