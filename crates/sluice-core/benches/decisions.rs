@@ -48,7 +48,14 @@ fn generous_policies() -> Vec<(&'static str, Policy)> {
             "token_bucket",
             TokenBucket::new(n, Rate::per_minute(1)).unwrap().into(),
         ),
-        ("gcra", Gcra::new(Rate::per_minute(1), n).unwrap().into()),
+        // One unit per 10s rather than per minute: GCRA refuses bursts whose backlog would
+        // span over a century, and 200M minutes would.
+        (
+            "gcra",
+            Gcra::new(Rate::new(1, Duration::from_secs(10)).unwrap(), n)
+                .unwrap()
+                .into(),
+        ),
         (
             "leaky_queue",
             // The queue delays rather than refuses: every request is admitted, most with a delay.
