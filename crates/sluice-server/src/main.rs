@@ -161,11 +161,7 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
 }
 
 fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
-    init_logging(args.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = start_runtime(args.log_format)?;
     runtime.block_on(async move {
         let rules = sluice_rules::Reloader::new(args.config)
             .map_err(|e| anyhow::anyhow!("invalid rules:\n{e}"))?;
@@ -225,12 +221,17 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    init_logging(args.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// Starts logging and the async runtime, as every long-running command does.
+fn start_runtime(format: LogFormat) -> anyhow::Result<tokio::runtime::Runtime> {
+    init_logging(format);
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
+        .context("cannot start the async runtime")
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let runtime = start_runtime(args.log_format)?;
     runtime.block_on(async move {
         let mut options = ServeOptions::new(args.config);
         options.http_addr = args.http_addr;
