@@ -101,8 +101,7 @@ pub(crate) fn push_check(
         ),
         Policy::LeakyQueue(q) => {
             let rate = q.rate();
-            let per = u64::try_from(rate.per().as_nanos()).unwrap_or(u64::MAX);
-            let interval = per.div_ceil(rate.amount().max(1)).max(1);
+            let interval = u64::try_from(q.release_interval().as_nanos()).unwrap_or(u64::MAX);
             let max_wait = u64::try_from(q.max_wait().as_nanos()).unwrap_or(u64::MAX);
             (
                 3,

@@ -352,11 +352,7 @@ impl RedisStore {
         if !all_allowed {
             // The request consumed nothing, so a check that would have admitted reports its
             // counter as it stands, as the memory store does.
-            for (c, d) in checks.iter().zip(&mut decisions) {
-                if d.allowed {
-                    d.remaining = d.remaining.saturating_add(c.cost).min(d.limit);
-                }
-            }
+            decisions = sluice_core::unconsumed(checks, decisions);
         }
         Ok(decisions)
     }

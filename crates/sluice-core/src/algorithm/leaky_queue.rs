@@ -39,6 +39,12 @@ impl LeakyQueue {
         self.rate
     }
 
+    /// The time between two releases: the rate's period over its amount, rounded up to a whole
+    /// nanosecond so that rounding never releases faster than the rate.
+    pub fn release_interval(&self) -> Duration {
+        Duration::from_nanos(self.interval)
+    }
+
     /// How many requests may wait.
     pub fn queue_size(&self) -> u64 {
         self.queue_size

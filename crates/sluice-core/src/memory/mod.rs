@@ -375,8 +375,9 @@ struct Repeated {
 }
 
 /// The decisions of a refused multi-key request: a check that would have admitted reports its
-/// counter as it stands, since the request consumed nothing from it.
-pub(crate) fn unconsumed(checks: &[Check<'_>], mut decisions: Vec<Decision>) -> Vec<Decision> {
+/// counter as it stands, since the request consumed nothing from it. Every store applies this,
+/// so that all report a refused request alike.
+pub fn unconsumed(checks: &[Check<'_>], mut decisions: Vec<Decision>) -> Vec<Decision> {
     for (c, d) in checks.iter().zip(&mut decisions) {
         if d.allowed {
             d.remaining = d.remaining.saturating_add(c.cost).min(d.limit);
