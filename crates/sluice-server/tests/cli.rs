@@ -63,3 +63,74 @@ fn every_option_reads_its_environment_variable() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("/nonexistent/rules.yaml"), "{stderr}");
 }
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// The status line's code of a `GET path` sent over a fresh connection.
+fn get_status(port: u16, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the proxy listens");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn proxy_limits_before_forwarding_and_reports_a_down_upstream() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/gateway.yaml");
+    let (listen, upstream) = (free_port(), free_port());
+    let mut child = sluice()
+        .args(["proxy", "--config", example])
+        .args(["--listen", &format!("127.0.0.1:{listen}")])
+        .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
+        .env("SLUICE_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The process logs that it is forwarding once it listens: wait for that line, not a time.
+    let logs = std::io::BufReader::new(child.stdout.take().unwrap());
+    let ready = std::io::BufRead::lines(logs)
+        .map_while(Result::ok)
+        .any(|line| line.contains("is forwarding"));
+    assert!(ready, "the proxy never said it was forwarding");
+    // Nothing listens upstream: the first five /api requests are forwarded and fail with 502,
+    // the sixth is refused by the limit without reaching it, and other paths are not limited.
+    let statuses: Vec<u16> = (0..6).map(|_| get_status(listen, "/api/x")).collect();
+    let free = get_status(listen, "/elsewhere");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(statuses, [502, 502, 502, 502, 502, 429]);
+    assert_eq!(free, 502);
+}
+
+#[test]
+fn proxy_refuses_invalid_rules_with_their_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gw.yaml");
+    std::fs::write(&path, "domain: g\ndescriptors: []\nroutes:\n  - path: /a/{id}\n    descriptors: [[{key: k, from: \"param:nope\"}]]\n").unwrap();
+    let out = sluice()
+        .args(["proxy", "--upstream", "http://127.0.0.1:9", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("gw.yaml:5:"), "{stderr}");
+}
