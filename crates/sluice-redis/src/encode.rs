@@ -48,6 +48,20 @@ fn exact_nanos(what: &str, d: Duration) -> Result<u64, StoreError> {
     exact(what, u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
+/// A backlog of `count` intervals of `interval` ns that the script can hold exactly, or a
+/// refusal. GCRA and the queue store a time up to `count` intervals ahead of now, and compare
+/// backlogs with that product: beyond 2⁵³ ns a double would round it.
+fn exact_backlog(what: &str, count: u64, interval: u64) -> Result<(), StoreError> {
+    match count.checked_mul(interval) {
+        Some(span) if span < EXACT => Ok(()),
+        _ => Err(StoreError::Rejected(format!(
+            "a {what} of {count} at {interval} ns each takes 2^53 ns (about 104 days) or more to \
+             drain, longer than the redis store computes exactly in Lua doubles; lower the \
+             {what} or raise the rate, or use the memory store"
+        ))),
+    }
+}
+
 fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
@@ -90,24 +104,34 @@ pub(crate) fn push_check(
                 ],
             )
         }
-        Policy::Gcra(g) => (
-            2,
-            [
-                exact("burst", g.burst())?.to_string(),
-                exact_nanos("emission interval", g.emission_interval())?.to_string(),
-                String::new(),
-                String::new(),
-            ],
-        ),
+        Policy::Gcra(g) => {
+            let burst = exact("burst", g.burst())?;
+            let interval = exact_nanos("emission interval", g.emission_interval())?;
+            exact_backlog("burst", burst, interval)?;
+            (
+                2,
+                [
+                    burst.to_string(),
+                    interval.to_string(),
+                    String::new(),
+                    String::new(),
+                ],
+            )
+        }
         Policy::LeakyQueue(q) => {
             let rate = q.rate();
             let interval = u64::try_from(q.release_interval().as_nanos()).unwrap_or(u64::MAX);
             let max_wait = u64::try_from(q.max_wait().as_nanos()).unwrap_or(u64::MAX);
+            let capacity = exact("queue capacity", q.capacity())?;
+            let interval = exact("release interval", interval)?;
+            if rate.amount() > 0 {
+                exact_backlog("queue capacity", capacity, interval)?;
+            }
             (
                 3,
                 [
-                    exact("queue capacity", q.capacity())?.to_string(),
-                    exact("release interval", interval)?.to_string(),
+                    capacity.to_string(),
+                    interval.to_string(),
                     // A wait beyond the exact range is as good as unbounded.
                     max_wait.min(EXACT - 1).to_string(),
                     u8::from(rate.amount() == 0).to_string(),
@@ -228,7 +252,7 @@ pub(crate) fn decode_replies(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::{Rate, TokenBucket};
+    use sluice_core::{Gcra, LeakyQueue, Rate, TokenBucket};
 
     #[test]
     fn rates_are_reduced_to_lowest_terms() {
@@ -244,6 +268,31 @@ mod tests {
         let err = push_check(&mut args, &p, 1, Timestamp::from_secs(1), "").unwrap_err();
         assert!(!err.is_transient());
         assert!(err.to_string().contains("capacity"));
+    }
+
+    #[test]
+    fn backlogs_beyond_doubles_are_refused_not_rounded() {
+        let largest = (EXACT - 1) / 1_000_000_000;
+        let mut args = Vec::new();
+        let now = Timestamp::from_secs(1);
+        for burst in [largest, largest + 1] {
+            let p = Policy::from(Gcra::new(Rate::per_second(1), burst).unwrap());
+            let refused = push_check(&mut args, &p, 1, now, "").is_err();
+            assert_eq!(refused, burst > largest, "burst {burst}");
+        }
+        let hour = Duration::from_secs(3600);
+        for size in [largest - 1, largest] {
+            let p = Policy::from(LeakyQueue::new(Rate::per_second(1), size, hour).unwrap());
+            let err = push_check(&mut args, &p, 1, now, "").err();
+            assert_eq!(err.is_some(), size == largest, "queue size {size}");
+            if let Some(err) = err {
+                assert!(!err.is_transient());
+                assert!(err.to_string().contains("104 days"), "{err}");
+            }
+        }
+        // A queue with a rate of 0 admits nothing, so its capacity builds no backlog.
+        let p = Policy::from(LeakyQueue::new(Rate::per_second(0), largest, hour).unwrap());
+        assert!(push_check(&mut args, &p, 1, now, "").is_ok());
     }
 
     #[test]

@@ -1,8 +1,18 @@
 //! The Lua scripts that decide and update counters inside Redis, one call per Cluster slot.
 //!
 //! Each script is a named constant, called by `EVALSHA` and loaded again transparently on
-//! `NOSCRIPT` (see `connection.rs`). Both share a prelude that reads the time and converts
-//! between the stored and the computed forms of timestamps.
+//! `NOSCRIPT` (see `connection.rs`). Both start by reading the time, and share helpers that
+//! convert between the stored and the computed forms of timestamps.
+//!
+//! ## Cost per call
+//!
+//! `EVALSHA` runs a script's whole body on every call, so every `local function` and every table
+//! in it is created anew and then collected. [`CHECK`] therefore decides a call of one check
+//! (nearly every call) in straight-line code on locals: one `GET` (or a few list reads for the
+//! sliding log), one `SET … PX`, and no table but the reply. Calls of several checks, which must
+//! thread each key's state from check to check, take the general path after it, written with
+//! helpers and tables. The two paths decide identically; `tests/scripts.rs` runs both against the
+//! core's pure functions on a frozen clock, nanosecond for nanosecond.
 //!
 //! ## Numbers in Lua
 //!
@@ -17,11 +27,17 @@
 //!   exact, and every algorithm decides exactly as the core's pure functions do;
 //! - every division is done on exact integers (`math.fmod`, then an exact quotient), never by
 //!   `math.floor(a / b)`, whose rounding can be off by one near 2⁵³;
-//! - numbers written back to Redis go through `string.format('%d')`, because Lua would print a
-//!   large number as `1e+15`.
+//! - a product `a · b / c` that passes 2⁵³ (a refill at a high rate, a weighted count of a
+//!   large sliding counter) is divided exactly in parts (`mul_div`);
+//! - GCRA and the queue compare backlogs (how far their time lies after now), and compute
+//!   `backlog + n·T > horizon` as `backlog > horizon - n·T`, so no sum passes 2⁵³;
+//! - numbers written back to Redis go through `string.format('%d')` where they can be large,
+//!   because Lua would print one as `1e+15`; concatenation only for TTLs in milliseconds.
 //!
 //! The Rust side keeps every parameter below 2⁵³ (see `encode.rs`): windows and periods up to
-//! about 104 days, limits up to 9·10¹⁵.
+//! about 104 days, limits up to 9·10¹⁵, and GCRA's burst and the queue's capacity times their
+//! interval (the longest backlog) below 2⁵³ ns too. Durations in replies beyond 2⁵³ ns, such as
+//! the time a huge bucket takes to refill, are rounded; no decision depends on them.
 //!
 //! ## Layout of the arguments
 //!
@@ -46,12 +62,82 @@
 //! first. Every write sets the key's TTL to when the counter is full again, plus a second, so
 //! that idle counters vanish.
 
-/// The code shared by both scripts: exact integer helpers, the time, and timestamp conversion.
-macro_rules! prelude {
+/// The time, shared by both scripts: Redis `TIME` plus the offset in `ARGV[1]`, as `S` (whole
+/// seconds since the epoch) and `now` (nanoseconds after `S`). No function is defined here, so
+/// that the check script's single-check path runs without creating one.
+macro_rules! clock {
     () => {
         r#"
+local clock = redis.call('TIME')
+local S = tonumber(clock[1])
+local now = tonumber(clock[2]) * 1000 + tonumber(ARGV[1])
+if now < 0 or now >= 1000000000 then
+  local r = math.fmod(now, 1000000000)
+  if r < 0 then r = r + 1000000000 end
+  S = S + (now - r) / 1000000000
+  now = r
+end
+"#
+    };
+}
+
+/// `floor(a * b / c)`, or its ceiling when `up`, for non-negative integers below 2⁵³ and `c > 0`,
+/// as a function expression. Exact whenever the result is below 2⁵³: a product that a double
+/// cannot hold is split as `a = qa·c + ra`, `b = qb·c + rb`, and `ra · rb / c` is then divided
+/// bit by bit (a rare path, at most 53 steps). Larger results, durations beyond 104 days, are
+/// rounded; no decision depends on them.
+macro_rules! mul_div {
+    () => {
+        r#"function(a, b, c, up)
+  local p = a * b
+  local q, r
+  if p < 9007199254740992 then
+    r = math.fmod(p, c)
+    q = (p - r) / c
+  else
+    local ra = math.fmod(a, c)
+    local rb = math.fmod(b, c)
+    q = (a - ra) / c * b + ra * ((b - rb) / c)
+    local x, y = ra, rb
+    if x > y then x, y = y, x end
+    p = x * y
+    if p < 9007199254740992 then
+      r = math.fmod(p, c)
+      q = q + (p - r) / c
+    else
+      -- x * y = n * c + r, built from the top bit of x down; every step stays below 2^54.
+      local bit = 1
+      while bit * 2 <= x do bit = bit * 2 end
+      local n = 0
+      r = 0
+      while bit >= 1 do
+        n, r = n * 2, r * 2
+        if r >= c then n, r = n + 1, r - c end
+        if x >= bit then
+          x = x - bit
+          if r >= c - y then n, r = n + 1, r - (c - y) else r = r + y end
+        end
+        bit = bit / 2
+      end
+      q = q + n
+    end
+  end
+  if up and r > 0 then q = q + 1 end
+  return q
+end"#
+    };
+}
+
+/// The helpers of the refund script and of the check script's general path: exact integer
+/// division, timestamp conversion, and reading and writing a counter's stored value.
+macro_rules! helpers {
+    () => {
+        concat!(
+            r#"
 local E9 = 1000000000
-local EXACT = 9007199254740992
+local mul_div = "#,
+            mul_div!(),
+            r#"
 
 -- Floor division and remainder of integer-valued doubles, exact below 2^53 (b > 0).
 local function divmod(a, b)
@@ -71,22 +157,6 @@ local function ceil_div(a, b)
   return q
 end
 
--- floor(a * b / c), or its ceiling when up, for non-negative integers.
-local function mul_div(a, b, c, up)
-  local p = a * b
-  if p < EXACT then
-    if up then return ceil_div(p, c) end
-    return floor_div(p, c)
-  end
-  local q, r = divmod(a, c)
-  local p2 = r * b
-  if p2 < EXACT then
-    if up then return q * b + ceil_div(p2, c) end
-    return q * b + floor_div(p2, c)
-  end
-  return math.floor(a / c * b)
-end
-
 local function sat(x)
   if x < 0 then return 0 end
   return x
@@ -96,12 +166,6 @@ local function int(x)
   return string.format('%d', x)
 end
 
--- Now: Redis TIME plus the offset in ARGV[1], as S (whole seconds) and now (ns after S).
-local clock = redis.call('TIME')
-local shifted = tonumber(clock[2]) * 1000 + tonumber(ARGV[1])
-local carry, now = divmod(shifted, E9)
-local S = tonumber(clock[1]) + carry
-
 -- A stored timestamp (decimal nanoseconds since the epoch) as ns relative to S.
 local function rel(abs)
   if abs == nil or abs == false or abs == '' then return nil end
@@ -110,9 +174,28 @@ local function rel(abs)
   return (tonumber(string.sub(abs, 1, n - 9)) - S) * E9 + tonumber(string.sub(abs, n - 8))
 end
 
--- A relative time back to its stored form.
+-- A stored timestamp as ns after now: exact for anything within 2^53 ns of now, since the
+-- whole seconds and the nanoseconds are subtracted separately.
+local function since_now(abs)
+  local n = #abs
+  if n <= 9 then return tonumber(abs) - S * E9 - now end
+  return (tonumber(string.sub(abs, 1, n - 9)) - S) * E9 + (tonumber(string.sub(abs, n - 8)) - now)
+end
+
+-- A time relative to S as its stored form.
 local function absolute(t)
   local q, r = divmod(t, E9)
+  local s = S + q
+  if s < 0 then return '0' end
+  if s == 0 then return int(r) end
+  return string.format('%d%09d', s, r)
+end
+
+-- The time d ns after now as its stored form, exact for any d below 2^53.
+local function after_now(d)
+  local q, r = divmod(d, E9)
+  r = r + now
+  if r >= E9 then q, r = q + 1, r - E9 end
   local s = S + q
   if s < 0 then return '0' end
   if s == 0 then return int(r) end
@@ -142,13 +225,14 @@ local function grid_start(r, w)
 end
 
 -- A counter's stored value, "<alg> <x> [<y> [<z>]]", decoded for algorithm alg, or nil when
--- fresh (absent, or stored under another algorithm).
+-- fresh (absent, or stored under another algorithm). GCRA and the queue keep their time as a
+-- backlog b, ns after now (negative when past).
 local function decode(alg, raw)
   if raw == nil then return nil end
   local a, x, y, z = string.match(raw, '^(%d+) (%S+) ?(%S*) ?(%S*)$')
   if tonumber(a) ~= alg then return nil end
   if alg == 1 then return {tokens = tonumber(x), last = rel(y)} end
-  if alg == 2 or alg == 3 then return {t = rel(x)} end
+  if alg == 2 or alg == 3 then return {b = since_now(x)} end
   if alg == 4 then return {start = rel(x), count = tonumber(y)} end
   if alg == 6 then
     return {start = rel(x), current = tonumber(y), previous = tonumber(z)}
@@ -158,7 +242,7 @@ end
 
 local function encode(alg, v)
   if alg == 1 then return '1 ' .. int(v.tokens) .. ' ' .. absolute(v.last) end
-  if alg == 2 or alg == 3 then return int(alg) .. ' ' .. absolute(v.t) end
+  if alg == 2 or alg == 3 then return int(alg) .. ' ' .. after_now(v.b) end
   if alg == 4 then return '4 ' .. absolute(v.start) .. ' ' .. int(v.count) end
   return '6 ' .. absolute(v.start) .. ' ' .. int(v.current) .. ' ' .. int(v.previous)
 end
@@ -172,6 +256,7 @@ local function read_state(key)
   return 'string', r
 end
 "#
+        )
     };
 }
 
@@ -189,7 +274,378 @@ end
 /// stored timestamp that identifies what this check consumed (a window start or a log entry),
 /// which [`REFUND`] needs to give it back.
 pub(crate) const CHECK: &str = concat!(
-    prelude!(),
+    clock!(),
+    r#"
+-- One check, the common case: straight-line code on locals, with no table but the reply and no
+-- function created (but mul_div, for the token bucket and the sliding counter). Each algorithm
+-- decides exactly as its function in the general path below, and as the core.
+if #KEYS == 1 then
+  local key = KEYS[1]
+  local alg = tonumber(ARGV[3])
+  local cost = tonumber(ARGV[4])
+  local p1 = tonumber(ARGV[5])
+  local p2 = tonumber(ARGV[6])
+  local need = cost
+  if need < 1 then need = 1 end
+  -- Only an admitted check that consumes is written, and only when committing.
+  local write = cost > 0 and ARGV[2] == '1'
+  local allowed, remaining, reset, retry, delay, token = 0, 0, 0, 0, 0, ''
+  -- What an admission stores (a string counter), with the reset its TTL follows.
+  local value
+
+  if alg == 2 or alg == 3 then
+    -- GCRA (p1 burst, p2 interval) and the queue (p1 capacity, p2 interval, p3 maximum wait,
+    -- p4 1 if blocked) keep one time: how far it lies after now is the backlog.
+    local backlog = 0
+    local raw = redis.pcall('GET', key)
+    if type(raw) == 'string' then
+      local pattern = '^2 (%d+)(%d%d%d%d%d%d%d%d%d)$'
+      if alg == 3 then pattern = '^3 (%d+)(%d%d%d%d%d%d%d%d%d)$' end
+      local sec, ns = string.match(raw, pattern)
+      if sec then
+        backlog = (tonumber(sec) - S) * 1000000000 + (tonumber(ns) - now)
+        if backlog < 0 then backlog = 0 end
+      end
+    end
+    local interval = p2
+    if alg == 2 then
+      local horizon = p1 * interval
+      if need > p1 then
+        retry = -1
+      else
+        -- The core's backlog + need * interval > horizon, without a sum that can pass 2^53.
+        local slack = horizon - need * interval
+        if backlog > slack then
+          retry = backlog - slack
+        else
+          allowed = 1
+          backlog = backlog + cost * interval
+        end
+      end
+      local left = horizon - backlog
+      if left > 0 then remaining = (left - math.fmod(left, interval)) / interval end
+    else
+      local max_wait = tonumber(ARGV[7])
+      if tonumber(ARGV[8]) == 1 or need > p1 then
+        retry = -1
+      else
+        local bound = (p1 - need) * interval
+        if bound > max_wait then bound = max_wait end
+        if backlog > bound then
+          retry = backlog - bound
+        else
+          allowed = 1
+          delay = backlog
+          backlog = backlog + cost * interval
+        end
+      end
+      -- Free places behind the backlog: by the queue's length, and by the maximum wait.
+      local r = math.fmod(backlog, interval)
+      local queued = (backlog - r) / interval
+      if r > 0 then queued = queued + 1 end
+      remaining = p1 - queued
+      if remaining < 0 then remaining = 0 end
+      if max_wait < backlog then
+        remaining = 0
+      else
+        local slack = max_wait - backlog
+        local by_wait = (slack - math.fmod(slack, interval)) / interval + 1
+        if by_wait < remaining then remaining = by_wait end
+      end
+    end
+    reset = backlog
+    if allowed == 1 and write then
+      -- now + backlog, exactly: whole seconds and nanoseconds apart.
+      local r = math.fmod(backlog, 1000000000)
+      local s = S + (backlog - r) / 1000000000
+      r = r + now
+      if r >= 1000000000 then s, r = s + 1, r - 1000000000 end
+      value = string.format('%d %d%09d', alg, s, r)
+    end
+
+  elseif alg == 1 then
+    -- Token bucket: p1 capacity, p2 refill amount, p3 refill period.
+    local cap, amount, per = p1, p2, tonumber(ARGV[7])
+    local rate = amount
+    if rate < 1 then rate = 1 end
+    local mul_div = "#,
+    mul_div!(),
+    r#"
+    local tokens, last = cap, now
+    local raw = redis.pcall('GET', key)
+    if type(raw) == 'string' then
+      local t, sec, ns = string.match(raw, '^1 (%d+) (%d+)(%d%d%d%d%d%d%d%d%d)$')
+      if t then
+        tokens = tonumber(t)
+        last = (tonumber(sec) - S) * 1000000000 + tonumber(ns)
+      end
+    end
+    local elapsed = now - last
+    if elapsed < 0 then elapsed = 0 end
+    local earned = mul_div(elapsed, amount, per, false)
+    if tokens + earned >= cap then
+      tokens, last = cap, now
+    else
+      tokens = tokens + earned
+      last = last + mul_div(earned, per, rate, true)
+    end
+    if need > cap then
+      retry = -1
+    elseif tokens < need then
+      retry = last + mul_div(need - tokens, per, rate, true) - now
+      if retry < 0 then retry = 0 end
+    else
+      allowed = 1
+      tokens = tokens - cost
+    end
+    remaining = tokens
+    if tokens < cap then
+      reset = last + mul_div(cap - tokens, per, rate, true) - now
+      if reset < 0 then reset = 0 end
+    end
+    if allowed == 1 and write then
+      local r = math.fmod(last, 1000000000)
+      if r < 0 then r = r + 1000000000 end
+      value = string.format('1 %d %d%09d', tokens, S + (last - r) / 1000000000, r)
+    end
+
+  elseif alg == 4 or alg == 6 then
+    -- Fixed window (p1 limit, p2 window, p3 1 if clock-aligned, p4 a window start) and sliding
+    -- counter (p1 limit, p2 window, p4 a window start).
+    local w = p2
+    local start
+    if alg == 6 or tonumber(ARGV[7]) == 1 then
+      -- The window now falls in, on the grid through the reference start.
+      local ref = ARGV[8]
+      local n = #ref
+      local r
+      if n <= 9 then
+        r = tonumber(ref) - S * 1000000000
+      else
+        r = (tonumber(string.sub(ref, 1, n - 9)) - S) * 1000000000 + tonumber(string.sub(ref, n - 8))
+      end
+      local d = now - r
+      local m = math.fmod(d, w)
+      if m < 0 then m = m + w end
+      start = r + (d - m)
+    end
+    local raw = redis.pcall('GET', key)
+    if alg == 4 then
+      local vstart, count
+      if type(raw) == 'string' then
+        local sec, ns, c = string.match(raw, '^4 (%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
+        if sec then
+          vstart = (tonumber(sec) - S) * 1000000000 + tonumber(ns)
+          count = tonumber(c)
+        end
+      end
+      if start == nil then
+        if vstart ~= nil and now < vstart + w then start = vstart else start = now end
+      end
+      -- A clock that stepped back into an earlier window keeps counting the later one.
+      if vstart ~= nil and start <= vstart and count > 0 then start = vstart else count = 0 end
+      reset = start + w - now
+      if reset < 0 then reset = 0 end
+      remaining = p1 - count
+      if remaining < 0 then remaining = 0 end
+      if need > p1 then
+        retry = -1
+      elseif need > remaining then
+        retry = reset
+      else
+        allowed = 1
+        count = count + cost
+        remaining = remaining - cost
+        if count == 0 then reset = 0 end
+      end
+      if allowed == 1 and cost > 0 then
+        local r = math.fmod(start, 1000000000)
+        if r < 0 then r = r + 1000000000 end
+        token = string.format('%d%09d', S + (start - r) / 1000000000, r)
+        if write then value = '4 ' .. token .. ' ' .. string.format('%d', count) end
+      end
+    else
+      local limit = p1
+      local current, previous = 0, 0
+      if type(raw) == 'string' then
+        local sec, ns, c, p = string.match(raw, '^6 (%d+)(%d%d%d%d%d%d%d%d%d) (%d+) (%d+)$')
+        if sec then
+          local vstart = (tonumber(sec) - S) * 1000000000 + tonumber(ns)
+          if start <= vstart then
+            start, current, previous = vstart, tonumber(c), tonumber(p)
+          elseif start - vstart == w then
+            previous = tonumber(c)
+          end
+        end
+      end
+      local mul_div = "#,
+    mul_div!(),
+    r#"
+      local elapsed = now - start
+      if elapsed < 0 then elapsed = 0 end
+      if elapsed > w - 1 then elapsed = w - 1 end
+      local to_next = w - elapsed
+      local estimate = mul_div(previous, w - elapsed, w, false) + current
+      remaining = limit - estimate
+      if remaining < 0 then remaining = 0 end
+      if need > limit then
+        retry = -1
+      elseif need > remaining then
+        -- The first offset into a window where `previous` weighs at most `room`, or nil.
+        retry = nil
+        if current + need <= limit then
+          local room = limit - need - current
+          if previous == 0 then
+            retry = 0
+          else
+            local e = w + 1 - mul_div(room + 1, w, previous, true)
+            if e < 0 then e = 0 end
+            if e < w then
+              retry = e - elapsed
+              if retry < 0 then retry = 0 end
+            end
+          end
+        end
+        if retry == nil then
+          -- In the next window, this window's count becomes the previous one.
+          local e = w
+          if current == 0 then
+            e = 0
+          else
+            local f = w + 1 - mul_div(limit - need + 1, w, current, true)
+            if f < 0 then f = 0 end
+            if f < w then e = f end
+          end
+          retry = to_next + e
+        end
+      else
+        allowed = 1
+        current = current + cost
+        remaining = remaining - cost
+      end
+      if current > 0 then
+        reset = to_next + w
+      elseif previous > 0 then
+        reset = to_next
+      end
+      if allowed == 1 and cost > 0 then
+        local r = math.fmod(start, 1000000000)
+        if r < 0 then r = r + 1000000000 end
+        token = string.format('%d%09d', S + (start - r) / 1000000000, r)
+        if write then value = string.format('6 %s %d %d', token, current, previous) end
+      end
+    end
+
+  elseif alg == 5 then
+    -- Sliding log (p1 limit, p2 window): a list of a header (the total of its units) and one
+    -- "<nanos> <units>" entry per arrival time, oldest first. LLEN tells its shape: 0 for no key,
+    -- an error for a key of another type.
+    local limit, w = p1, p2
+    local len = redis.pcall('LLEN', key)
+    local count, total, drop = 0, 0, 0
+    local back_at, back_units, back_entry
+    if type(len) == 'number' and len > 0 then
+      count = len - 1
+      local head = redis.call('LRANGE', key, 0, 1)
+      total = tonumber(head[1]) or 0
+      if count > 0 then
+        -- Expired entries are a prefix: scan them only when the oldest has expired.
+        local sec, ns = string.match(head[2], '^(%d+)(%d%d%d%d%d%d%d%d%d) ')
+        if sec == nil or (tonumber(sec) - S) * 1000000000 + tonumber(ns) + w <= now then
+          local i = 1
+          local done = false
+          while not done and i <= count do
+            local chunk = redis.call('LRANGE', key, i, i + 63)
+            for _, e in ipairs(chunk) do
+              local es, ens, eu = string.match(e, '^(%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
+              if es ~= nil and (tonumber(es) - S) * 1000000000 + tonumber(ens) + w > now then
+                done = true
+                break
+              end
+              total = total - tonumber(eu or string.match(e, ' (%d+)$'))
+              drop = drop + 1
+            end
+            i = i + 64
+          end
+        end
+        if count > drop then
+          if count == 1 then back_entry = head[2] else back_entry = redis.call('LINDEX', key, -1) end
+          local bs, bns, bu = string.match(back_entry, '^(%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
+          back_at = (tonumber(bs) - S) * 1000000000 + tonumber(bns)
+          back_units = tonumber(bu)
+        end
+      end
+    end
+    remaining = limit - total
+    if remaining < 0 then remaining = 0 end
+    -- Until the newest entry expires.
+    if back_at ~= nil and back_at + w > now then reset = back_at + w - now end
+    if need > limit then
+      retry = -1
+    elseif need <= remaining then
+      allowed = 1
+      remaining = remaining - cost
+      if cost > 0 then
+        reset = w
+        -- Requests at the same instant share an entry.
+        local merge = back_at ~= nil and back_at >= now
+        if merge then
+          back_units = back_units + cost
+        else
+          back_at, back_units = now, cost
+        end
+        total = total + cost
+        local r = math.fmod(back_at, 1000000000)
+        if r < 0 then r = r + 1000000000 end
+        token = string.format('%d%09d', S + (back_at - r) / 1000000000, r)
+        if write then
+          local e = token .. ' ' .. string.format('%d', back_units)
+          local header = string.format('%d', total)
+          if type(len) ~= 'number' then redis.call('DEL', key) end
+          if type(len) ~= 'number' or len == 0 then
+            redis.call('RPUSH', key, header, e)
+          else
+            -- Keep the last expired entry (if any) as the slot of the new header.
+            if drop > 0 then redis.call('LTRIM', key, drop, -1) end
+            redis.call('LSET', key, 0, header)
+            if merge then redis.call('LSET', key, -1, e) else redis.call('RPUSH', key, e) end
+          end
+          local m = math.fmod(reset, 1000000)
+          local ms = (reset - m) / 1000000 + 1000
+          if m > 0 then ms = ms + 1 end
+          redis.call('PEXPIRE', key, ms .. '')
+        end
+      end
+    else
+      -- Wait until enough of the oldest live entries expire.
+      local freed = 0
+      local found = false
+      local i = 1 + drop
+      while not found and i <= count do
+        local chunk = redis.call('LRANGE', key, i, i + 63)
+        for _, e in ipairs(chunk) do
+          local es, ens, eu = string.match(e, '^(%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
+          freed = freed + tonumber(eu)
+          retry = (tonumber(es) - S) * 1000000000 + tonumber(ens) + w - now
+          if retry < 0 then retry = 0 end
+          if remaining + freed >= need then found = true; break end
+        end
+        i = i + 64
+      end
+    end
+  end
+
+  if value ~= nil then
+    -- SET replaces a value of any type, and sets the TTL in the same command.
+    local m = math.fmod(reset, 1000000)
+    local ms = (reset - m) / 1000000 + 1000
+    if m > 0 then ms = ms + 1 end
+    redis.call('SET', key, value, 'PX', ms .. '')
+  end
+  return {allowed, remaining, reset, retry, delay, token}
+end
+"#,
+    helpers!(),
     r#"
 local commit = ARGV[2] == '1'
 local n = #KEYS
@@ -261,23 +717,22 @@ local function token_bucket(v, cost, cap, amount, per)
 end
 
 local function gcra(v, cost, burst, interval)
-  local tat = now
-  if v ~= nil and v.t > now then tat = v.t end
+  local backlog = 0
+  if v ~= nil and v.b > 0 then backlog = v.b end
   local horizon = burst * interval
-  local backlog = tat - now
   local need = math.max(cost, 1)
   local function free(b) return floor_div(sat(horizon - b), interval) end
   if need > burst then return v, 0, free(backlog), backlog, -1, 0 end
-  local wanted = backlog + need * interval
-  if wanted > horizon then return v, 0, free(backlog), backlog, wanted - horizon, 0 end
+  -- The core's backlog + need * interval > horizon, without a sum that can pass 2^53.
+  local slack = horizon - need * interval
+  if backlog > slack then return v, 0, free(backlog), backlog, backlog - slack, 0 end
   local nb = backlog + cost * interval
-  return {t = now + nb}, 1, free(nb), nb, 0, 0
+  return {b = nb}, 1, free(nb), nb, 0, 0
 end
 
 local function queue(v, cost, limit, interval, max_wait, blocked)
-  local start = now
-  if v ~= nil and v.t > now then start = v.t end
-  local delay = start - now
+  local delay = 0
+  if v ~= nil and v.b > 0 then delay = v.b end
   local function free(b)
     local by_queue = sat(limit - ceil_div(b, interval))
     local by_wait = 0
@@ -288,9 +743,8 @@ local function queue(v, cost, limit, interval, max_wait, blocked)
   if blocked == 1 or need > limit then return v, 0, free(delay), delay, -1, 0 end
   local bound = math.min((limit - need) * interval, max_wait)
   if delay > bound then return v, 0, free(delay), delay, delay - bound, 0 end
-  local nxt = start + cost * interval
-  local backlog = nxt - now
-  return {t = nxt}, 1, free(backlog), backlog, 0, delay
+  local backlog = delay + cost * interval
+  return {b = backlog}, 1, free(backlog), backlog, 0, delay
 end
 
 local function fixed_window(v, cost, limit, w, clock_aligned, ref)
@@ -507,7 +961,8 @@ return out
 ///
 /// Returns the number of checks given back.
 pub(crate) const REFUND: &str = concat!(
-    prelude!(),
+    clock!(),
+    helpers!(),
     r#"
 local undone = 0
 for i = #KEYS, 1, -1 do
@@ -551,7 +1006,7 @@ for i = #KEYS, 1, -1 do
           v = {tokens = tokens + cost, last = last}
         end
       elseif alg == 2 or alg == 3 then
-        v.t = v.t - cost * p2
+        v.b = v.b - cost * p2
       elseif alg == 4 and absolute(v.start) == token then
         v.count = sat(v.count - cost)
       elseif alg == 6 and absolute(v.start) == token then
