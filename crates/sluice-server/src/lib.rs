@@ -17,6 +17,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod api;
+pub mod bench;
 pub mod envoy;
 pub mod grpc;
 pub mod problem;

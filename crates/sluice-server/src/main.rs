@@ -28,6 +28,12 @@ enum Command {
     Serve(ServeArgs),
     /// Run the gateway: a reverse proxy that limits requests by the rules' routes.
     Proxy(ProxyArgs),
+    /// Generate load against the service, a gateway or any HTTP endpoint, and report
+    /// throughput and latency percentiles.
+    Bench {
+        #[command(subcommand)]
+        target: BenchTarget,
+    },
     /// Check rule files and directories; prints every error as file:line:col.
     Validate {
         /// Files or directories of rules.
@@ -141,12 +147,141 @@ struct ProxyArgs {
     reload_debounce_ms: u64,
 }
 
+#[derive(Debug, Subcommand)]
+enum BenchTarget {
+    /// Load an HTTP endpoint: `/json`, `/v1/check`, a gateway, or the API behind it.
+    Http(BenchHttpArgs),
+    /// Load Envoy's rate-limit gRPC service (`ShouldRateLimit`).
+    Grpc(BenchGrpcArgs),
+    /// Serve a trivial `200 ok` to everything: the baseline other runs are compared with.
+    Upstream {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        listen: SocketAddr,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchHttpArgs {
+    /// The URL, `http://host:port/path?query`; `{n}` becomes the key number.
+    url: String,
+    /// The request method.
+    #[arg(long, short = 'X', default_value = "GET")]
+    method: http::Method,
+    /// A request header, `name: value` (repeatable); `{n}` becomes the key number.
+    #[arg(long = "header", short = 'H')]
+    headers: Vec<String>,
+    /// A request body (JSON unless a content-type header says otherwise); `{n}` becomes the key
+    /// number.
+    #[arg(long, short = 'd')]
+    body: Option<String>,
+    /// Speak h2 with prior knowledge, the workers multiplexed over `--connections`.
+    #[arg(long)]
+    h2: bool,
+    /// h2 connections the workers share (HTTP/1.1 opens one per worker).
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchGrpcArgs {
+    /// The service's gRPC address, `host:port`.
+    addr: String,
+    /// The rate-limit domain.
+    #[arg(long)]
+    domain: String,
+    /// A descriptor, `key=value,key=value` (repeatable); `{n}` becomes the key number.
+    #[arg(long = "descriptor", required = true)]
+    descriptors: Vec<String>,
+    /// Units each request consumes (Envoy's `hits_addend`; 0 means 1).
+    #[arg(long, default_value_t = 0)]
+    hits: u32,
+    /// h2 connections the workers share.
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct LoadArgs {
+    /// Requests per second offered in all (open loop). Without it, every worker sends its next
+    /// request as soon as the last is answered (closed loop), to find the maximum.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Workers, each with one request in flight.
+    #[arg(long, short = 'c', default_value_t = 32)]
+    concurrency: usize,
+    /// How long to measure, e.g. `10s`, `500ms`, `2m` (default 10s unless --requests is given).
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Stop after this many requests in all.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Send for this long before measuring.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    warmup: Duration,
+    /// How many key numbers `{n}` cycles through.
+    #[arg(long, default_value_t = 1)]
+    keys: u64,
+    /// How long one request may take before it counts as an error.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    timeout: Duration,
+    /// Threads the generator runs on.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+impl LoadArgs {
+    fn load(&self) -> sluice_server::bench::Load {
+        let duration = match (self.duration, self.requests) {
+            (None, None) => Some(Duration::from_secs(10)),
+            (d, _) => d,
+        };
+        sluice_server::bench::Load {
+            rate: self.rate,
+            concurrency: self.concurrency,
+            duration,
+            requests: self.requests,
+            warmup: self.warmup,
+            keys: self.keys,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// `250ms`, `10s`, `2m`, or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 10s or 2m"))?;
+    Duration::try_from_secs_f64(value * scale)
+        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 10s or 2m"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { paths } => validate(&paths),
         Command::Serve(args) => exit(serve(args)),
         Command::Proxy(args) => exit(proxy(args)),
+        Command::Bench { target } => exit(bench(target)),
     }
 }
 
@@ -190,6 +325,74 @@ fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         shutdown_signal().await;
         tracing::info!("shutting down: finishing requests in flight");
         proxy.shutdown().await;
+        Ok(())
+    })
+}
+
+fn bench(target: BenchTarget) -> anyhow::Result<()> {
+    use sluice_server::bench;
+    let threads = match &target {
+        BenchTarget::Http(a) => a.load.threads,
+        BenchTarget::Grpc(a) => a.load.threads,
+        BenchTarget::Upstream { .. } => 1,
+    };
+    let runtime = match threads {
+        0 => anyhow::bail!("--threads must be at least 1"),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    }
+    .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let (report, json) = match target {
+            BenchTarget::Upstream { listen } => {
+                init_logging(LogFormat::Pretty);
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {listen}"))?;
+                let upstream = bench::serve_upstream(listener)?;
+                println!("serving a trivial 200 ok on http://{}", upstream.addr());
+                shutdown_signal().await;
+                upstream.shutdown().await;
+                return Ok(());
+            }
+            BenchTarget::Http(a) => {
+                let version = if a.h2 {
+                    bench::Version::H2 {
+                        connections: a.connections,
+                    }
+                } else {
+                    bench::Version::Http1
+                };
+                let load = a.load.load();
+                let target = bench::HttpTarget::new(
+                    &a.url, a.method, &a.headers, a.body, version, load.keys,
+                )?;
+                (bench::run_http(target, load).await?, a.load.json)
+            }
+            BenchTarget::Grpc(a) => {
+                let target = bench::GrpcTarget::new(
+                    &a.addr,
+                    a.domain,
+                    &a.descriptors,
+                    a.hits,
+                    a.connections,
+                )?;
+                (bench::run_grpc(target, a.load.load()).await?, a.load.json)
+            }
+        };
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{report}");
+        }
+        if report.allowed + report.limited == 0 {
+            anyhow::bail!("no request was answered ({} failed)", report.error_count());
+        }
         Ok(())
     })
 }

@@ -134,3 +134,95 @@ fn proxy_refuses_invalid_rules_with_their_location() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("gw.yaml:5:"), "{stderr}");
 }
+
+#[test]
+fn bench_loads_the_trivial_upstream_and_reports_json() {
+    let mut upstream = sluice()
+        .args(["bench", "upstream", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // It prints where it listens once it does: read that line, not a time.
+    let mut lines =
+        std::io::BufRead::lines(std::io::BufReader::new(upstream.stdout.take().unwrap()));
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    let url = line
+        .rsplit(' ')
+        .next()
+        .filter(|u| u.starts_with("http://"))
+        .map(|u| format!("{u}/items/{{n}}"));
+    let out = url.as_ref().map(|url| {
+        sluice()
+            .args([
+                "bench",
+                "http",
+                url,
+                "--requests",
+                "40",
+                "--keys",
+                "4",
+                "-c",
+                "4",
+            ])
+            .args(["-H", "x-user: u{n}", "--json"])
+            .output()
+            .unwrap()
+    });
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    let out = out.unwrap_or_else(|| panic!("the upstream said {line:?}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["requests"], 40);
+    assert_eq!(report["allowed"], 40);
+    assert_eq!(report["measured"], 40);
+    assert!(
+        report["latency"]["p99_us"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+}
+
+#[test]
+fn bench_refuses_bad_options_with_a_reason() {
+    for (args, why) in [
+        (&["http", "https://127.0.0.1:1/"][..], "http://"),
+        (
+            &["http", "http://127.0.0.1:1/", "--duration", "soon"],
+            "500ms",
+        ),
+        (&["http", "http://127.0.0.1:1/", "--rate=-5"], "rate"),
+        (
+            &[
+                "grpc",
+                "127.0.0.1:1",
+                "--domain",
+                "d",
+                "--descriptor",
+                "novalue",
+            ],
+            "key=value",
+        ),
+    ] {
+        let out = sluice().arg("bench").args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(why), "{args:?}: {stderr}");
+    }
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = sluice()
+        .args(["bench", "http", &url, "--requests", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot connect") && stderr.contains(&url),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,173 @@
+//! `sluice bench` against real servers on loopback: the service (memory store on a fake clock,
+//! so every count is exact), the trivial upstream, and a port nobody listens on. Runs are
+//! bounded by a number of requests, never by the clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use sluice_core::{FakeClock, MemoryStore, Timestamp};
+use sluice_server::bench::{self, BenchError, GrpcTarget, HttpTarget, Load, Version};
+use sluice_server::{ServeOptions, Server};
+
+const RULES: &str = r#"
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+"#;
+
+async fn service() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let mut options = ServeOptions::new(vec![rules]);
+    options.http_addr = "127.0.0.1:0".parse().unwrap();
+    options.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    // Midnight UTC: no window ends during the test.
+    let clock = FakeClock::at(Timestamp::from_secs(20_000 * 86_400));
+    let store = Arc::new(MemoryStore::builder().clock(clock).build());
+    (Server::start_with_store(options, store).await.unwrap(), dir)
+}
+
+/// `requests` in all over `keys` keys, closed loop.
+fn counted(requests: u64, keys: u64, concurrency: usize) -> Load {
+    Load {
+        concurrency,
+        duration: None,
+        requests: Some(requests),
+        keys,
+        ..Load::default()
+    }
+}
+
+fn json_body() -> Option<String> {
+    Some(r#"{"domain":"bench","descriptors":[{"entries":[{"key":"user","value":"u{n}"}]}]}"#.into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_counts_every_answer_exactly() {
+    let (server, _dir) = service().await;
+    let url = format!("http://{}/json", server.http_addr());
+    let target = HttpTarget::new(&url, Method::POST, &[], json_body(), Version::Http1, 5).unwrap();
+    let report = bench::run_http(target, counted(100, 5, 8)).await.unwrap();
+    // 5 users of 20 requests each; each user gets its 10.
+    assert_eq!(report.requests, 100);
+    assert_eq!(
+        (report.allowed, report.limited, report.error_count()),
+        (50, 50, 0)
+    );
+    assert_eq!(report.measured, 100);
+    assert!(report.latency.p50_us > 0.0 && report.latency.p50_us <= report.latency.p99_us);
+    assert!(report.latency.p99_us <= report.latency.max_us);
+    assert!(report.throughput > 0.0);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_multiplexes_workers_and_counts_exactly() {
+    let (server, _dir) = service().await;
+    let url = format!("http://{}/json", server.http_addr());
+    let version = Version::H2 { connections: 2 };
+    let target = HttpTarget::new(&url, Method::POST, &[], json_body(), version, 3).unwrap();
+    let report = bench::run_http(target, counted(60, 3, 16)).await.unwrap();
+    assert_eq!(
+        (report.allowed, report.limited, report.error_count()),
+        (30, 30, 0)
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_counts_every_answer_exactly() {
+    let (server, _dir) = service().await;
+    let target = GrpcTarget::new(
+        &server.grpc_addr().to_string(),
+        "bench".into(),
+        &["user=g{n}".into()],
+        0,
+        2,
+    )
+    .unwrap();
+    let report = bench::run_grpc(target, counted(70, 7, 16)).await.unwrap();
+    assert_eq!(
+        (report.allowed, report.limited, report.error_count()),
+        (70, 0, 0)
+    );
+    // Hits of 4 against a limit of 10: two admitted per key, then over the limit.
+    let target = GrpcTarget::new(
+        &server.grpc_addr().to_string(),
+        "bench".into(),
+        &["user=h{n}".into()],
+        4,
+        1,
+    )
+    .unwrap();
+    let report = bench::run_grpc(target, counted(12, 3, 1)).await.unwrap();
+    assert_eq!((report.allowed, report.limited), (6, 6));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_sends_exactly_what_it_is_asked_and_measures_after_the_warm_up() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = bench::serve_upstream(listener).unwrap();
+    let url = format!("http://{}/anything/{{n}}", upstream.addr());
+    let target = HttpTarget::new(&url, Method::GET, &[], None, Version::Http1, 1).unwrap();
+    let load = Load {
+        rate: Some(20_000.0),
+        concurrency: 4,
+        duration: None,
+        requests: Some(200),
+        // The first 100 requests are due in the first 5 ms.
+        warmup: Duration::from_millis(5),
+        ..Load::default()
+    };
+    let report = bench::run_http(target, load).await.unwrap();
+    assert_eq!((report.requests, report.allowed), (200, 200));
+    assert_eq!(
+        report.measured, 100,
+        "requests due in the warm-up are not measured"
+    );
+    upstream.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_statuses_are_counted_by_name() {
+    let (server, _dir) = service().await;
+    let url = format!("http://{}/no/such/path", server.http_addr());
+    let target = HttpTarget::new(&url, Method::GET, &[], None, Version::Http1, 1).unwrap();
+    let report = bench::run_http(target, counted(9, 1, 3)).await.unwrap();
+    assert_eq!(report.errors.get("HTTP 404"), Some(&9), "{report}");
+    assert_eq!(report.allowed + report.limited, 0);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_target_is_named() {
+    // Bind and drop a listener, so the port is free and nothing listens on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/");
+    let target = HttpTarget::new(&url, Method::GET, &[], None, Version::Http1, 1).unwrap();
+    match bench::run_http(target, counted(1, 1, 1)).await {
+        Err(e @ BenchError::Connect { .. }) => assert!(e.to_string().contains(&url), "{e}"),
+        other => panic!("expected a connect error, got {other:?}"),
+    }
+    let grpc = GrpcTarget::new(
+        &format!("127.0.0.1:{port}"),
+        "d".into(),
+        &["a=b".into()],
+        0,
+        1,
+    );
+    match bench::run_grpc(grpc.unwrap(), counted(1, 1, 1)).await {
+        Err(e @ BenchError::Connect { .. }) => {
+            assert!(e.to_string().contains(&port.to_string()), "{e}")
+        }
+        other => panic!("expected a connect error, got {other:?}"),
+    }
+}
