@@ -1,24 +1,39 @@
-//! Added latency and throughput of `sluice proxy`: the same load generator hits a trivial
-//! upstream directly and through the gateway, in the same run.
+//! Added latency and throughput of `sluice proxy`: the same load hits a trivial upstream
+//! directly and through the gateway, in the same run.
 //!
-//! `cargo run --release -p sluice-http --example gateway_bench [seconds] [connections]`
+//! ```text
+//! gateway_bench [SECS] [CONNS]              everything in this one process, as a quick look
+//! gateway_bench upstream LISTEN             only the trivial upstream, until killed
+//! gateway_bench proxy LISTEN UPSTREAM [unrouted]
+//!                                           only the gateway in front of UPSTREAM, until killed;
+//!                                           `unrouted` forwards without deciding anything
+//! gateway_bench load URL RATE SECS CONNS    only the fixed-rate load, against URL
+//! gateway_bench max URL SECS CONNS          only the closed-loop load, against URL
+//! ```
 //!
-//! 1. Maximum throughput: `connections` closed-loop workers for `seconds`, direct then proxied.
-//! 2. Added latency: a fixed rate of half the proxied maximum, direct then proxied, each latency
-//!    measured from the request's scheduled start (so a stall is not hidden), p50/p99/p99.9.
+//! Run the pieces in separate processes, pinned with `taskset`, so that the generator does not
+//! share the gateway's cores: docs/bench-notes/gateway.md shows how. Measured in one process,
+//! the proxied path pays for the generator, the upstream and the gateway on the same cores.
 //!
-//! Every proxied request is routed and decided on the memory store (a limit it never reaches).
+//! - Maximum throughput: `CONNS` keep-alive connections, each sending its next request as soon
+//!   as the previous answer is read.
+//! - Added latency: a fixed rate over `CONNS` keep-alive connections. Each connection has its
+//!   own schedule, staggered so that the requests of all of them are evenly spread rather than
+//!   fired together. A request's latency runs from its scheduled time when it had to wait for
+//!   its connection (so a stall is charged to every request it delays), and from when it was
+//!   sent when its connection was idle (so the generator's own 1 ms timer is not).
+//!
+//! Every proxied request is routed and decided on the memory store (a limit it never reaches),
+//! so the whole decision path runs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 use sluice_core::MemoryStore;
 use sluice_http::{Limiter, Metrics, Proxy, ProxyOptions};
 
@@ -32,58 +47,112 @@ routes:
     descriptors: [[{key: client_ip, from: client_ip}]]
 "#;
 
-type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+/// The path every request asks for: routed and limited by `RULES`.
+const PATH: &str = "/api/x";
 
-async fn get(client: &HttpClient, uri: &http::Uri) -> bool {
-    match client.get(uri.clone()).await {
-        Ok(r) => {
-            let ok = r.status().is_success();
-            ok && r.into_body().collect().await.is_ok()
+/// One keep-alive connection of the generator.
+struct Connection {
+    send: SendRequest<Empty<Bytes>>,
+    host: http::HeaderValue,
+}
+
+impl Connection {
+    async fn open(addr: SocketAddr) -> std::io::Result<Connection> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(std::io::Error::other)?;
+        tokio::spawn(connection);
+        let host = http::HeaderValue::from_str(&addr.to_string()).map_err(std::io::Error::other)?;
+        Ok(Connection { send, host })
+    }
+
+    /// One request; whether it got a 2xx answer, read to the end.
+    async fn get(&mut self) -> bool {
+        let request = http::Request::get(PATH)
+            .header(http::header::HOST, self.host.clone())
+            .body(Empty::new())
+            .expect("a static request is valid");
+        if self.send.ready().await.is_err() {
+            return false;
         }
-        Err(_) => false,
+        match self.send.send_request(request).await {
+            Ok(r) => r.status().is_success() && r.into_body().collect().await.is_ok(),
+            Err(_) => false,
+        }
     }
 }
 
-async fn max_throughput(client: &HttpClient, uri: &http::Uri, secs: u64, conns: usize) -> f64 {
-    let done = Arc::new(AtomicU64::new(0));
-    let end = Instant::now() + Duration::from_secs(secs);
-    let mut tasks = Vec::new();
+async fn open_all(addr: SocketAddr, conns: usize) -> Vec<Connection> {
+    let mut out = Vec::with_capacity(conns);
     for _ in 0..conns {
-        let (client, uri, done) = (client.clone(), uri.clone(), done.clone());
-        tasks.push(tokio::spawn(async move {
-            while Instant::now() < end {
-                if get(&client, &uri).await {
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
+        out.push(Connection::open(addr).await.expect("cannot connect"));
     }
-    for t in tasks {
-        let _ = t.await;
-    }
-    done.load(Ordering::Relaxed) as f64 / secs as f64
+    out
 }
 
-/// Latencies (µs) at a fixed rate, from each request's scheduled start.
-async fn fixed_rate(client: &HttpClient, uri: &http::Uri, secs: u64, rate: f64) -> Vec<u64> {
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let start = Instant::now();
-    let n = (rate * secs as f64) as u64;
-    let mut tasks = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let scheduled = start + interval.mul_f64(i as f64);
-        tokio::time::sleep_until(scheduled.into()).await;
-        let (client, uri) = (client.clone(), uri.clone());
-        tasks.push(tokio::spawn(async move {
-            let ok = get(&client, &uri).await;
-            ok.then(|| scheduled.elapsed().as_micros() as u64)
-        }));
-    }
-    let mut out = Vec::with_capacity(tasks.len());
+/// Requests per second over `conns` closed-loop connections for `secs`.
+async fn max_throughput(addr: SocketAddr, secs: f64, conns: usize) -> f64 {
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let tasks: Vec<_> = open_all(addr, conns)
+        .await
+        .into_iter()
+        .map(|mut c| {
+            tokio::spawn(async move {
+                let mut done = 0u64;
+                while Instant::now() < end {
+                    done += u64::from(c.get().await);
+                }
+                done
+            })
+        })
+        .collect();
+    let mut done = 0;
     for t in tasks {
-        if let Ok(Some(us)) = t.await {
-            out.push(us);
-        }
+        done += t.await.unwrap_or(0);
+    }
+    done as f64 / secs
+}
+
+/// Latencies (µs, sorted) of `rate` requests a second for `secs`, over `conns` connections.
+async fn fixed_rate(addr: SocketAddr, rate: f64, secs: f64, conns: usize) -> Vec<u64> {
+    let connections = open_all(addr, conns).await;
+    // Connection `c` sends requests c, c + conns, c + 2·conns… of one evenly spaced schedule.
+    let spacing = Duration::from_secs_f64(1.0 / rate);
+    let total = (rate * secs) as u64;
+    let start = Instant::now() + Duration::from_millis(10);
+    let tasks: Vec<_> = connections
+        .into_iter()
+        .enumerate()
+        .map(|(c, mut conn)| {
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut idle_since = start;
+                let mut k = c as u64;
+                while k < total {
+                    let scheduled = start + spacing.mul_f64(k as f64);
+                    tokio::time::sleep_until(scheduled.into()).await;
+                    let sent = Instant::now();
+                    let from = if idle_since <= scheduled {
+                        sent
+                    } else {
+                        scheduled
+                    };
+                    let ok = conn.get().await;
+                    idle_since = Instant::now();
+                    if ok {
+                        latencies.push(idle_since.duration_since(from).as_micros() as u64);
+                    }
+                    k += conns as u64;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(total as usize);
+    for t in tasks {
+        out.extend(t.await.unwrap_or_default());
     }
     out.sort_unstable();
     out
@@ -96,43 +165,114 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-#[tokio::main]
-async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let secs: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
-    let conns: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(32);
-
+async fn serve_upstream(listener: tokio::net::TcpListener) {
     let app = axum::Router::new().fallback(|| async { "ok" });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream: SocketAddr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let _ = axum::serve(listener, app).await;
+}
 
-    let dir = tempfile::tempdir().unwrap();
+/// The gateway over `rules`.
+async fn start_proxy(
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    rules: &str,
+) -> (Proxy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("bench.yaml");
-    std::fs::write(&path, RULES).unwrap();
-    let rules = sluice_rules::Reloader::new(vec![path]).unwrap();
+    std::fs::write(&path, rules).expect("the rules file");
+    let rules = sluice_rules::Reloader::new(vec![path]).expect("valid rules");
     let limiter = Arc::new(Limiter::new(
         rules,
         Arc::new(MemoryStore::new()),
         Arc::new(Metrics::new()),
     ));
-    let mut options = ProxyOptions::new(format!("http://{upstream}").parse().unwrap());
-    options.listen = "127.0.0.1:0".parse().unwrap();
-    let proxy = Proxy::start(options, limiter).await.unwrap();
+    let mut options = ProxyOptions::new(format!("http://{upstream}").parse().expect("a URI"));
+    options.listen = listen;
+    let proxy = Proxy::start(options, limiter).await.expect("the gateway");
+    (proxy, dir)
+}
 
-    let client: HttpClient = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(conns * 2)
-        .build_http();
-    let direct: http::Uri = format!("http://{upstream}/api/x").parse().unwrap();
-    let proxied: http::Uri = format!("http://{}/api/x", proxy.local_addr())
+fn addr_of(url: &str) -> SocketAddr {
+    let uri: http::Uri = url.parse().expect("a URL such as http://127.0.0.1:9000");
+    uri.authority()
+        .expect("a URL with host:port")
+        .as_str()
         .parse()
-        .unwrap();
-    // Warm both paths' connection pools.
-    max_throughput(&client, &direct, 1, conns).await;
-    max_throughput(&client, &proxied, 1, conns).await;
+        .expect("a numeric host:port")
+}
 
-    let d = max_throughput(&client, &direct, secs, conns).await;
-    let p = max_throughput(&client, &proxied, secs, conns).await;
+fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> T {
+    args.get(i)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("argument {i} should be {what}"))
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("upstream") => {
+            let listen: SocketAddr = arg(&args, 2, "the address to listen on");
+            let listener = tokio::net::TcpListener::bind(listen).await.expect("bind");
+            serve_upstream(listener).await;
+        }
+        Some("proxy") => {
+            let listen: SocketAddr = arg(&args, 2, "the address to listen on");
+            let upstream: SocketAddr = arg(&args, 3, "the upstream's host:port");
+            // Without routes nothing is decided: what forwarding alone costs.
+            let rules = match args.get(4).map(String::as_str) {
+                Some("unrouted") => "domain: bench\ndescriptors: []\n",
+                _ => RULES,
+            };
+            let _proxy = start_proxy(listen, upstream, rules).await;
+            std::future::pending::<()>().await;
+        }
+        Some("load") => {
+            let addr = addr_of(&args[2]);
+            let rate: f64 = arg(&args, 3, "requests per second");
+            let secs: f64 = arg(&args, 4, "seconds");
+            let conns: usize = arg(&args, 5, "connections");
+            let l = fixed_rate(addr, rate, secs, conns).await;
+            let expected = (rate * secs) as usize;
+            println!(
+                "rate {rate:.0}/s n {} of {expected} p50 {} p90 {} p99 {} p99.9 {} max {} µs",
+                l.len(),
+                pct(&l, 0.50),
+                pct(&l, 0.90),
+                pct(&l, 0.99),
+                pct(&l, 0.999),
+                l.last().copied().unwrap_or(0),
+            );
+        }
+        Some("max") => {
+            let addr = addr_of(&args[2]);
+            let secs: f64 = arg(&args, 3, "seconds");
+            let conns: usize = arg(&args, 4, "connections");
+            println!("{:.0} req/s", max_throughput(addr, secs, conns).await);
+        }
+        _ => all_in_one(&args).await,
+    }
+}
+
+/// The upstream, the gateway and the generator in this one process.
+async fn all_in_one(args: &[String]) {
+    let secs: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5.0);
+    let conns: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(32);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let upstream = listener.local_addr().expect("an address");
+    tokio::spawn(serve_upstream(listener));
+    let (proxy, _dir) =
+        start_proxy("127.0.0.1:0".parse().expect("an address"), upstream, RULES).await;
+    let proxied = proxy.local_addr();
+
+    // Warm both paths, the gateway's upstream pool included.
+    max_throughput(upstream, 1.0, conns).await;
+    max_throughput(proxied, 1.0, conns).await;
+
+    let d = max_throughput(upstream, secs, conns).await;
+    let p = max_throughput(proxied, secs, conns).await;
     println!("max throughput, {conns} connections, {secs} s each:");
     println!("  direct  {d:>10.0} req/s");
     println!(
@@ -142,8 +282,8 @@ async fn main() {
 
     // Half of the gateway's maximum: the load the target is stated at.
     let rate = p / 2.0;
-    let ld = fixed_rate(&client, &direct, secs, rate).await;
-    let lp = fixed_rate(&client, &proxied, secs, rate).await;
+    let ld = fixed_rate(upstream, rate, secs, conns).await;
+    let lp = fixed_rate(proxied, rate, secs, conns).await;
     println!("latency at {rate:.0} req/s (half the proxied maximum), µs:");
     println!(
         "  {:<8} {:>8} {:>8} {:>8} {:>8}",
