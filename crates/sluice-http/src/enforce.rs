@@ -187,10 +187,8 @@ fn quotas(verdict: &Verdict) -> Vec<Quota<'_>> {
 /// The fields of a request that passes: the rate-limit fields without `Retry-After`, and the
 /// warning of any `soft` limit it went over.
 fn pass_headers(verdict: &Verdict, style: HeaderStyle) -> Vec<(HeaderName, HeaderValue)> {
-    let mut out: Vec<(HeaderName, HeaderValue)> = rate_limit_headers(&quotas(verdict), style)
-        .into_iter()
-        .filter(|(k, _)| k != RETRY_AFTER)
-        .collect();
+    let mut out = rate_limit_headers(&quotas(verdict), style);
+    out.retain(|(k, _)| k != RETRY_AFTER);
     for c in verdict.checks.iter().filter(|c| !c.decision.allowed) {
         let Some(Action::Soft { header }) = c.rule.as_deref().map(|r| &r.action) else {
             continue;

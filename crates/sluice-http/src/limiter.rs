@@ -1,16 +1,18 @@
 //! The one decision path every front end ends in: descriptors → rules → checks → store →
 //! verdict, with fallback on store errors and metrics.
 
+use std::collections::HashMap;
 use std::hash::Hasher;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use sluice_core::{
     Alignment, Check, Decision, DynStore, FixedWindow, MemoryStore, OnStoreError, Policy,
     decide_without_store,
 };
-use sluice_rules::{Action, DescriptorEntries, Reloader, Rule, Unit};
+use sluice_rules::{Action, DescriptorEntries, Reloader, Rule, RuleSet, Unit};
 
 use crate::limits::{MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_FIELD_LEN};
 use crate::metrics::{Metrics, Outcome};
@@ -100,25 +102,16 @@ pub enum InvalidRequest {
 impl LimitRequest {
     /// Checks the request against the bounds in [`crate::limits`].
     pub fn validate(&self) -> Result<(), InvalidRequest> {
-        let too_large = |field: String, got: usize, max: usize| {
-            if got > max {
-                Err(InvalidRequest::TooLarge { field, got, max })
-            } else {
-                Ok(())
-            }
-        };
         if self.domain.is_empty() {
             return Err(InvalidRequest::MissingDomain);
         }
-        too_large("domain".into(), self.domain.chars().count(), MAX_FIELD_LEN)?;
+        within(&self.domain, || "domain".into())?;
         if self.descriptors.is_empty() {
             return Err(InvalidRequest::NoDescriptors);
         }
-        too_large(
-            "descriptors".into(),
-            self.descriptors.len(),
-            MAX_DESCRIPTORS,
-        )?;
+        at_most(self.descriptors.len(), MAX_DESCRIPTORS, || {
+            "descriptors".into()
+        })?;
         if self.cost > MAX_COST {
             return Err(InvalidRequest::CostTooLarge {
                 field: "hits_addend".into(),
@@ -130,11 +123,9 @@ impl LimitRequest {
             if d.entries.is_empty() {
                 return Err(InvalidRequest::EmptyDescriptor(i));
             }
-            too_large(
-                format!("descriptors[{i}].entries"),
-                d.entries.len(),
-                MAX_ENTRIES,
-            )?;
+            at_most(d.entries.len(), MAX_ENTRIES, || {
+                format!("descriptors[{i}].entries")
+            })?;
             if let Some(cost) = d.cost.filter(|c| *c > MAX_COST) {
                 return Err(InvalidRequest::CostTooLarge {
                     field: format!("descriptors[{i}].hits_addend"),
@@ -146,20 +137,34 @@ impl LimitRequest {
                 if k.is_empty() {
                     return Err(InvalidRequest::EmptyKey(i, j));
                 }
-                too_large(
-                    format!("descriptors[{i}].entries[{j}].key"),
-                    k.chars().count(),
-                    MAX_FIELD_LEN,
-                )?;
-                too_large(
-                    format!("descriptors[{i}].entries[{j}].value"),
-                    v.chars().count(),
-                    MAX_FIELD_LEN,
-                )?;
+                within(k, || format!("descriptors[{i}].entries[{j}].key"))?;
+                within(v, || format!("descriptors[{i}].entries[{j}].value"))?;
             }
         }
         Ok(())
     }
+}
+
+/// `got` against `max`. The field is named only when it is too large: every request is
+/// validated, and naming each field on the way costs more than the check.
+fn at_most(got: usize, max: usize, field: impl FnOnce() -> String) -> Result<(), InvalidRequest> {
+    if got > max {
+        return Err(InvalidRequest::TooLarge {
+            field: field(),
+            got,
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// A text field's length in characters against [`MAX_FIELD_LEN`].
+fn within(text: &str, field: impl FnOnce() -> String) -> Result<(), InvalidRequest> {
+    // No more characters than bytes: a short text needs no counting.
+    if text.len() <= MAX_FIELD_LEN {
+        return Ok(());
+    }
+    at_most(text.chars().count(), MAX_FIELD_LEN, field)
 }
 
 /// How one limit of a request was decided.
@@ -229,8 +234,41 @@ pub struct Limiter {
     store: Arc<dyn DynStore>,
     local: MemoryStore,
     metrics: Arc<Metrics>,
+    /// Each rule's decision counters, so that counting a decision neither copies nor hashes
+    /// its labels.
+    counters: RwLock<Option<RuleCounters>>,
     /// The `Retry-After` given by `on_store_error: deny`.
     deny_retry: Duration,
+}
+
+/// The decision counters of the rules of one rule set, by the rule's address and the outcome.
+/// A reload starts afresh; holding the set meanwhile keeps every rule in it alive, so no
+/// address can be reused by another rule.
+struct RuleCounters {
+    rules: Arc<RuleSet>,
+    by_rule: HashMap<usize, [Option<Counter>; 4]>,
+}
+
+impl RuleCounters {
+    fn get(&self, rules: &Arc<RuleSet>, rule: &Arc<Rule>, outcome: Outcome) -> Option<&Counter> {
+        if !Arc::ptr_eq(&self.rules, rules) {
+            return None;
+        }
+        self.by_rule.get(&address(rule))?[outcome_index(outcome)].as_ref()
+    }
+}
+
+fn address(rule: &Arc<Rule>) -> usize {
+    Arc::as_ptr(rule) as usize
+}
+
+fn outcome_index(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::Allowed => 0,
+        Outcome::Limited => 1,
+        Outcome::ShadowLimited => 2,
+        Outcome::StoreError => 3,
+    }
 }
 
 impl std::fmt::Debug for Limiter {
@@ -256,6 +294,7 @@ impl Limiter {
             store,
             local: MemoryStore::new(),
             metrics,
+            counters: RwLock::new(None),
             deny_retry: Duration::from_secs(1),
         }
     }
@@ -306,10 +345,14 @@ impl Limiter {
         // own, so that one of them refusing never stops a passing request from being counted.
         let (enforced, observed): (Vec<usize>, Vec<usize>) =
             (0..planned.len()).partition(|&i| planned[i].rule.as_ref().is_none_or(|r| enforces(r)));
-        let (a, b) = tokio::join!(
-            self.check_group(&planned, &enforced),
-            self.check_group(&planned, &observed)
-        );
+        let (a, b) = if observed.is_empty() {
+            (self.check_group(&planned, &enforced).await, Vec::new())
+        } else {
+            tokio::join!(
+                self.check_group(&planned, &enforced),
+                self.check_group(&planned, &observed)
+            )
+        };
         let mut results: Vec<Option<(Decision, bool)>> = vec![None; planned.len()];
         for (i, r) in enforced.iter().zip(a).chain(observed.iter().zip(b)) {
             results[*i] = Some(r);
@@ -337,7 +380,10 @@ impl Limiter {
                 Some(r) => r.name.clone().unwrap_or_else(|| r.path.clone()),
                 None => Arc::from("override"),
             };
-            self.metrics.decision(&request.domain, &name, outcome);
+            match &p.rule {
+                Some(rule) => self.count(&rules, rule, &request.domain, &name, outcome),
+                None => self.metrics.decision(&request.domain, &name, outcome),
+            }
             if outcome == Outcome::Limited {
                 self.metrics.limited_key(&p.key);
             }
@@ -353,6 +399,40 @@ impl Limiter {
         }
         self.metrics.observe_latency(started.elapsed());
         Ok(verdict)
+    }
+
+    /// Counts a decision of `rule`, from `rules`, on its cached counter.
+    fn count(
+        &self,
+        rules: &Arc<RuleSet>,
+        rule: &Arc<Rule>,
+        domain: &str,
+        name: &str,
+        outcome: Outcome,
+    ) {
+        {
+            let cache = self.counters.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(counter) = cache.as_ref().and_then(|c| c.get(rules, rule, outcome)) {
+                counter.inc();
+                return;
+            }
+        }
+        let counter = self.metrics.decision_counter(domain, name, outcome);
+        counter.inc();
+        let mut cache = self
+            .counters
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let current = cache.as_ref().is_some_and(|c| Arc::ptr_eq(&c.rules, rules));
+        if !current {
+            *cache = Some(RuleCounters {
+                rules: Arc::clone(rules),
+                by_rule: HashMap::new(),
+            });
+        }
+        if let Some(cache) = cache.as_mut() {
+            cache.by_rule.entry(address(rule)).or_default()[outcome_index(outcome)] = Some(counter);
+        }
     }
 
     /// Checks the planned checks at `which` atomically; returns each decision and whether it
@@ -428,4 +508,79 @@ fn override_check(
         policy: Arc::new(Policy::from(policy)),
         rule: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(name: &str) -> String {
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{name: {name}, unit: minute, requests_per_unit: 100}}\n"
+        )
+    }
+
+    fn request() -> LimitRequest {
+        LimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RequestDescriptor {
+                entries: vec![("k".into(), "v".into())],
+                ..Default::default()
+            }],
+            cost: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn decisions_are_counted_on_the_rules_in_force_across_reloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(&path, rules("first")).unwrap();
+        let reloader = Reloader::new(vec![path.clone()]).unwrap();
+        let limiter = Limiter::new(
+            reloader.clone(),
+            Arc::new(MemoryStore::new()),
+            Arc::new(Metrics::new()),
+        );
+        let count = |name| limiter.metrics().decisions_of("d", name, Outcome::Allowed);
+        for _ in 0..3 {
+            assert!(limiter.decide(&request()).await.unwrap().allowed);
+        }
+        assert_eq!(count("first"), 3);
+
+        std::fs::write(&path, rules("second")).unwrap();
+        reloader.reload_now();
+        limiter.decide(&request()).await.unwrap();
+        assert_eq!((count("first"), count("second")), (3, 1));
+
+        // Reloaded unchanged, the rule is a new object with the same labels: the same series.
+        reloader.reload_now();
+        limiter.decide(&request()).await.unwrap();
+        assert_eq!((count("first"), count("second")), (3, 2));
+    }
+
+    #[test]
+    fn an_invalid_request_names_the_field_and_the_bound() {
+        let mut r = request();
+        r.descriptors[0].entries[0].1 = "é".repeat(MAX_FIELD_LEN + 1);
+        let e = r.validate().unwrap_err();
+        assert_eq!(
+            e,
+            InvalidRequest::TooLarge {
+                field: "descriptors[0].entries[0].value".into(),
+                got: MAX_FIELD_LEN + 1,
+                max: MAX_FIELD_LEN,
+            }
+        );
+        // Longer in bytes than the bound, but not in characters: valid.
+        r.descriptors[0].entries[0].1 = "é".repeat(MAX_FIELD_LEN / 2 + 1);
+        assert!(r.validate().is_ok());
+        r.descriptors[0].entries = vec![("k".into(), "v".into()); MAX_ENTRIES + 1];
+        assert!(
+            r.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("descriptors[0].entries")
+        );
+    }
 }

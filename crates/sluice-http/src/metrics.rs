@@ -163,14 +163,23 @@ impl Metrics {
     }
 
     /// Counts one limit's decision.
+    ///
+    /// This looks the counter up by its labels, which copies and hashes them; a caller that
+    /// counts the same limit often keeps [`Metrics::decision_counter`] instead.
     pub fn decision(&self, domain: &str, rule: &str, outcome: Outcome) {
+        self.decision_counter(domain, rule, outcome).inc();
+    }
+
+    /// The counter of one limit's decisions with this outcome, to keep and increment: it stays
+    /// the one [`Metrics::render`] reports.
+    pub fn decision_counter(&self, domain: &str, rule: &str, outcome: Outcome) -> Counter {
         self.decisions
             .get_or_create(&DecisionLabels {
                 domain: domain.to_owned(),
                 rule: rule.to_owned(),
                 outcome,
             })
-            .inc();
+            .clone()
     }
 
     /// How many decisions of this kind were counted.

@@ -7,19 +7,21 @@
 //! hop-by-hop fields are dropped as RFC 9110 §7.6.1 asks.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE, HOST, HeaderName};
+use http::header::{
+    CONNECTION, CONTENT_TYPE, HOST, HeaderName, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE,
+    TRAILER, TRANSFER_ENCODING, UPGRADE,
+};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulShutdown;
 use sluice_rules::Cidr;
@@ -33,6 +35,11 @@ use crate::client_ip::X_FORWARDED_FOR;
 use crate::enforce::DEFAULT_MAX_DELAYED;
 use crate::limiter::Limiter;
 use crate::middleware::{PeerAddr, RateLimitLayer};
+
+mod upstream;
+
+pub use upstream::UpstreamBody;
+use upstream::{Upstream, UpstreamError};
 
 /// How to run the gateway.
 #[derive(Debug, Clone)]
@@ -85,16 +92,21 @@ pub enum ProxyError {
 }
 
 /// The body the gateway answers with: the upstream's, streamed, or one of its own.
-pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
 
-/// Forwards requests to the upstream.
+/// Forwards requests to the upstream. Cheap to clone: clones share one [`Route`].
 #[derive(Clone)]
-struct Forward {
-    client: Client<HttpConnector, Incoming>,
+struct Forward(Arc<Route>);
+
+/// Where requests go and how long they may take.
+struct Route {
+    upstream: Arc<Upstream>,
     scheme: Scheme,
     authority: Authority,
     /// The upstream's base path, without a trailing slash ("" for none).
-    base: Arc<str>,
+    base: Box<str>,
+    /// h2 takes the target as an absolute URI; HTTP/1.1 in origin form, with `Host`.
+    h2: bool,
     timeout: Duration,
 }
 
@@ -106,34 +118,47 @@ impl Forward {
             return Err(bad());
         }
         let authority = options.upstream.authority().cloned().ok_or_else(bad)?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(options.connect_timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .http2_only(options.upstream_h2)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
-        Ok(Forward {
-            client,
+        let address = format!(
+            "{}:{}",
+            authority.host(),
+            authority.port_u16().unwrap_or(80)
+        );
+        Ok(Forward(Arc::new(Route {
+            upstream: Arc::new(Upstream::new(
+                address,
+                options.connect_timeout,
+                options.upstream_h2,
+            )),
             scheme,
             authority,
-            base: Arc::from(options.upstream.path().trim_end_matches('/')),
+            base: options.upstream.path().trim_end_matches('/').into(),
+            h2: options.upstream_h2,
             timeout: options.upstream_timeout,
-        })
+        })))
     }
+}
 
+impl Route {
+    /// The target to ask the upstream for: the base path, then the client's path and query.
     fn upstream_uri(&self, uri: &Uri) -> Option<Uri> {
-        let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let pq: PathAndQuery = format!("{}{pq}", self.base).parse().ok()?;
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(pq)
-            .build()
-            .ok()
+        let pq = match uri.path_and_query() {
+            // Shares the client's bytes: nothing to copy.
+            Some(pq) if self.base.is_empty() => pq.clone(),
+            pq => {
+                let pq = pq.map_or("/", PathAndQuery::as_str);
+                PathAndQuery::from_maybe_shared(Bytes::from(format!("{}{pq}", self.base))).ok()?
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        if self.h2 {
+            parts.scheme = Some(self.scheme.clone());
+            parts.authority = Some(self.authority.clone());
+        }
+        parts.path_and_query = Some(pq);
+        Uri::from_parts(parts).ok()
     }
 
-    async fn forward(self, mut request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn forward(&self, mut request: Request<Incoming>) -> Response<ProxyBody> {
         let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let Some(uri) = self.upstream_uri(request.uri()) else {
             return error(
@@ -142,26 +167,30 @@ impl Forward {
             );
         };
         // Keep the client's Host, as most APIs behind a gateway expect; h2 clients send
-        // `:authority` instead, which becomes Host.
+        // `:authority` instead, which becomes Host. HTTP/1.1 requires one, so a client that
+        // sent neither gets the upstream's.
         if !request.headers().contains_key(HOST) {
-            if let Some(a) = request.uri().authority() {
-                if let Ok(v) = HeaderValue::from_str(a.as_str()) {
-                    request.headers_mut().insert(HOST, v);
-                }
+            let host = request.uri().authority().unwrap_or(&self.authority);
+            if let Ok(v) = HeaderValue::from_str(host.as_str()) {
+                request.headers_mut().insert(HOST, v);
             }
         }
         *request.uri_mut() = uri;
-        *request.version_mut() = http::Version::HTTP_11;
+        *request.version_mut() = if self.h2 {
+            http::Version::HTTP_2
+        } else {
+            http::Version::HTTP_11
+        };
         strip_hop_by_hop(request.headers_mut());
         if let Some(ip) = peer {
             append_forwarded_for(request.headers_mut(), ip);
         }
-        match tokio::time::timeout(self.timeout, self.client.request(request)).await {
+        match tokio::time::timeout(self.timeout, self.upstream.send(request)).await {
             Ok(Ok(mut response)) => {
                 strip_hop_by_hop(response.headers_mut());
                 response.map(Either::Left)
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(e @ UpstreamError::Connect(_))) => {
                 tracing::warn!(error = %e, upstream = %self.authority, "upstream unreachable");
                 error(
                     StatusCode::BAD_GATEWAY,
@@ -198,8 +227,8 @@ impl Service<Request<Incoming>> for Forward {
     }
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.forward(request).await) })
+        let route = Arc::clone(&self.0);
+        Box::pin(async move { Ok(route.forward(request).await) })
     }
 }
 
@@ -221,19 +250,28 @@ fn error(status: StatusCode, detail: &str) -> Response<ProxyBody> {
 }
 
 /// The hop-by-hop fields (RFC 9110 §7.6.1), which describe one connection and must not be
-/// forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
+/// forwarded, and `Transfer-Encoding`: framing is the connection's business, and hyper sets it
+/// anew for each side.
+static HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+    TE,
+    TRAILER,
+    UPGRADE,
+    TRANSFER_ENCODING,
 ];
 
+/// `X-Forwarded-For`, parsed once rather than on every lookup.
+static FORWARDED_FOR: HeaderName = HeaderName::from_static(X_FORWARDED_FOR);
+
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of them: one pass over the names, instead of a lookup per field.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -241,29 +279,47 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for n in named {
+    for n in named.iter().chain(&HOP_BY_HOP) {
         headers.remove(n);
     }
-    for n in HOP_BY_HOP {
-        headers.remove(n);
-    }
-    // Framing is the connection's business; hyper sets it anew for each side.
-    headers.remove(http::header::TRANSFER_ENCODING);
 }
 
-fn append_forwarded_for(headers: &mut HeaderMap, ip: std::net::IpAddr) {
-    let prior: Vec<&str> = headers
-        .get_all(X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    let value = if prior.is_empty() {
-        ip.to_string()
-    } else {
-        format!("{}, {ip}", prior.join(", "))
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(X_FORWARDED_FOR, v);
+/// Adds the peer to `X-Forwarded-For`, after whatever the client sent, as one field.
+fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
+    let mut value = String::with_capacity(48);
+    for prior in headers.get_all(&FORWARDED_FOR) {
+        if let Ok(prior) = prior.to_str() {
+            value.push_str(prior);
+            value.push_str(", ");
+        }
+    }
+    push_ip(&mut value, ip);
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+        headers.insert(FORWARDED_FOR.clone(), v);
+    }
+}
+
+/// Writes `ip` as `Display` does. An IPv4 address is written by hand: `Display` pads through
+/// the formatter, which cost more than the rest of the field.
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
     }
 }
 
@@ -345,5 +401,87 @@ impl Proxy {
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_fields_and_those_connection_names_are_dropped() {
+        let mut h = headers(&[
+            ("connection", "keep-alive, x-session-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-session-hop", "1"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("x-kept", "yes"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h["x-kept"], "yes");
+
+        let mut plain = headers(&[("accept", "*/*"), ("x-kept", "yes")]);
+        strip_hop_by_hop(&mut plain);
+        assert_eq!(plain.len(), 2);
+    }
+
+    #[test]
+    fn the_peer_is_appended_to_forwarded_for_as_display_writes_it() {
+        for ip in [
+            "0.0.0.0",
+            "1.2.3.4",
+            "10.20.100.255",
+            "192.168.0.9",
+            "2001:db8::1",
+            "::ffff:1.2.3.4",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let mut h = HeaderMap::new();
+            append_forwarded_for(&mut h, ip);
+            assert_eq!(h[X_FORWARDED_FOR], ip.to_string().as_str());
+        }
+        // Every field the client sent stays, in order, joined into one.
+        let mut h = headers(&[
+            ("x-forwarded-for", "203.0.113.7"),
+            ("x-forwarded-for", "198.51.100.1, 10.0.0.2"),
+        ]);
+        append_forwarded_for(&mut h, "127.0.0.1".parse().unwrap());
+        let all: Vec<_> = h.get_all(X_FORWARDED_FOR).iter().collect();
+        assert_eq!(all, ["203.0.113.7, 198.51.100.1, 10.0.0.2, 127.0.0.1"]);
+    }
+
+    #[test]
+    fn the_upstream_target_keeps_the_base_path_and_the_query() {
+        let route = |upstream: &str, h2: bool| {
+            let mut options = ProxyOptions::new(upstream.parse().unwrap());
+            options.upstream_h2 = h2;
+            Forward::new(&options).unwrap().0
+        };
+        let plain = route("http://127.0.0.1:9000", false);
+        let uri: Uri = "/a/b?x=1".parse().unwrap();
+        assert_eq!(plain.upstream_uri(&uri).unwrap(), "/a/b?x=1");
+        let absolute: Uri = "http://client.example/a?x=1".parse().unwrap();
+        assert_eq!(plain.upstream_uri(&absolute).unwrap(), "/a?x=1");
+        let based = route("http://127.0.0.1:9000/v1/", false);
+        assert_eq!(based.upstream_uri(&uri).unwrap(), "/v1/a/b?x=1");
+        let h2 = route("http://up.example:8080/v1", true);
+        assert_eq!(
+            h2.upstream_uri(&uri).unwrap(),
+            "http://up.example:8080/v1/a/b?x=1"
+        );
+        assert!(matches!(
+            Forward::new(&ProxyOptions::new("https://up.example".parse().unwrap())),
+            Err(ProxyError::Upstream(_))
+        ));
     }
 }

@@ -367,3 +367,139 @@ async fn h2_clients_are_served() {
     );
     assert_eq!(r.text().await.unwrap(), "upstream GET /api/h2");
 }
+
+/// An upstream that tells which connections its requests came on, by the gateway's end of each.
+struct Peers {
+    addr: std::net::SocketAddr,
+    seen: Seen,
+}
+
+type Seen = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<std::net::SocketAddr>>>;
+
+impl Peers {
+    async fn start() -> Peers {
+        use axum::extract::{ConnectInfo, Request};
+        use axum::routing::get;
+        let seen: Seen = Default::default();
+        let record = seen.clone();
+        let app = axum::Router::new()
+            .route("/ok", get(|| async { "ok" }))
+            .route(
+                "/close",
+                get(|| async { ([("connection", "close")], "closing") }),
+            )
+            .route(
+                "/big",
+                get(|| async {
+                    let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+                    axum::body::Body::from_stream(futures_util::stream::iter(
+                        (0..BIG / chunk.len()).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+                    ))
+                }),
+            )
+            .layer(axum::middleware::from_fn(
+                move |ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+                      req: Request,
+                      next: axum::middleware::Next| {
+                    record.lock().unwrap().insert(peer);
+                    next.run(req)
+                },
+            ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+            let _ = axum::serve(listener, app).await;
+        });
+        Peers { addr, seen }
+    }
+
+    /// How many connections the gateway has made so far.
+    fn connections(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_and_reused() {
+    let up = Peers::start().await;
+    let (limiter, _clock, _dir) = limiter(RULES);
+    let gw = gateway(limiter, up.addr, |_| {}).await;
+    for _ in 0..20 {
+        let r = gw.get("/ok").await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.text().await.unwrap(), "ok");
+    }
+    assert_eq!(up.connections(), 1, "one connection carried them all");
+
+    // A burst needs as many connections as it has requests at once; the next burst as large
+    // reuses them instead of opening more.
+    let burst = || futures_util::future::join_all((0..8).map(|_| gw.get("/ok")));
+    for r in burst().await {
+        assert_eq!(r.status(), 200);
+    }
+    let after_first = up.connections();
+    assert!((1..=9).contains(&after_first), "{after_first} connections");
+    for r in burst().await {
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(up.connections(), after_first);
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closes_is_not_reused() {
+    let up = Peers::start().await;
+    let (limiter, _clock, _dir) = limiter(RULES);
+    let gw = gateway(limiter, up.addr, |_| {}).await;
+    for _ in 0..5 {
+        let r = gw.get("/close").await;
+        assert_eq!(r.status(), 200);
+        assert!(
+            header(&r, "connection").is_none_or(|v| v != "close"),
+            "the upstream's Connection field is its own"
+        );
+        assert_eq!(r.text().await.unwrap(), "closing");
+    }
+    assert_eq!(up.connections(), 5);
+}
+
+#[tokio::test]
+async fn an_answer_abandoned_midway_closes_its_upstream_connection() {
+    let up = Peers::start().await;
+    let (limiter, _clock, _dir) = limiter(RULES);
+    let gw = gateway(limiter, up.addr, |_| {}).await;
+    let r = gw.get("/big").await;
+    let mut stream = r.bytes_stream();
+    assert!(futures_util::StreamExt::next(&mut stream).await.is_some());
+    drop(stream);
+    // Whether or not the gateway has noticed yet, that connection cannot carry this request.
+    let r = gw.get("/ok").await;
+    assert_eq!(r.text().await.unwrap(), "ok");
+    assert_eq!(up.connections(), 2);
+    let r = gw.get("/ok").await;
+    assert_eq!(r.text().await.unwrap(), "ok");
+    assert_eq!(
+        up.connections(),
+        2,
+        "the finished exchange's connection is reused"
+    );
+}
+
+#[tokio::test]
+async fn an_h2_upstream_carries_every_request_on_one_connection() {
+    let up = Peers::start().await;
+    let (limiter, _clock, _dir) = limiter(RULES);
+    let gw = gateway(limiter, up.addr, |o| o.upstream_h2 = true).await;
+    let answers = futures_util::future::join_all((0..8).map(|_| gw.get("/ok"))).await;
+    for r in answers {
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.text().await.unwrap(), "ok");
+    }
+    let r = gw.get("/api/h2-upstream").await;
+    assert_eq!(r.status(), 404, "routed, limited and forwarded over h2");
+    assert_eq!(
+        header(&r, "ratelimit").as_deref(),
+        Some("\"per_ip\";r=4;t=60")
+    );
+    assert_eq!(up.connections(), 1);
+}
