@@ -86,6 +86,12 @@ pub async fn open(url: &str, settings: &StoreSettings) -> Result<OpenStore, Stor
                 .prefix(settings.prefix.clone())
                 .timeout(settings.timeout);
             let redis = RedisStore::connect(url, options).await?;
+            // The script's SHA lets an operator (or a benchmark) find it with EVALSHA; the URL
+            // is not logged, since it may hold a password.
+            tracing::info!(
+                check_script = redis.check_script_sha(),
+                "redis store connected"
+            );
             Ok(OpenStore {
                 store: Arc::new(redis.clone()),
                 redis: Some(redis),

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Benchmarks of the built binaries with `sluice bench`, each against a baseline in the same run.
+
+    python3 scripts/bench.py [service|redis|gateway ...] [--runs 3] [--secs 5]
+
+- service: `sluice serve` on the memory store, HTTP `/json` and gRPC, against the trivial
+  upstream (`sluice bench upstream`) answering the same POST.
+- redis: `sluice serve --store redis://` against `redis-benchmark -P 16` running the same
+  EVALSHA (the ceiling of one Redis core with this script), then p50/p99 at half load.
+- gateway: `sluice proxy` in front of the trivial upstream against the upstream direct, at
+  maximum and at a fixed rate of half the proxied maximum.
+
+Every server runs in its own process on loopback; the generator is one more, on one thread.
+Runs are interleaved (one of each, then again) and the medians printed as Markdown tables.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "sluice")
+KEYS = 10_000
+
+RULES = """
+domain: bench
+descriptors:
+  # Every request is admitted and writes: GCRA with a burst it never reaches.
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: gcra}
+  - key: client_ip
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+routes:
+  - path: /api/*
+    descriptors: [[{key: client_ip, from: client_ip}]]
+"""
+
+BODY = '{"domain":"bench","descriptors":[{"entries":[{"key":"user","value":"u{n}"}]}]}'
+
+children = []
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, what):
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{what} never listened on {port}")
+
+
+def start(args, log):
+    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+    children.append(p)
+    return p
+
+
+def stop_all():
+    for p in children:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in children:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def bench(kind, target, *extra, secs, rate=None, concurrency=64):
+    args = [BIN, "bench", kind, target, "--json", "--duration", f"{secs}s", "--warmup", "1s",
+            "--keys", str(KEYS), "-c", str(concurrency), *extra]
+    if rate:
+        args += ["--rate", str(rate)]
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(args)} failed:\n{out.stderr}")
+    report = json.loads(out.stdout)
+    if report["errors"]:
+        sys.exit(f"{' '.join(args)} had errors: {report['errors']}")
+    return report
+
+
+def http_post(url, secs, **kw):
+    return bench("http", url, "-X", "POST", "-d", BODY, secs=secs, **kw)
+
+
+def grpc(addr, secs, **kw):
+    return bench("grpc", addr, "--domain", "bench", "--descriptor", "user=u{n}", secs=secs, **kw)
+
+
+def redis_benchmark(port, sha, requests=200_000):
+    args = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-n", str(requests),
+            "-c", "50", "-P", "16", "-r", str(KEYS), "--csv",
+            # The service's GCRA check: one key, offset 0, commit, algorithm 2, cost 1,
+            # burst 1,000,000, interval 1,000 ns, then the unused parameters and token.
+            "EVALSHA", sha, "1", "bench:{rb:__rand_int__}", "0", "1", "2", "1", "1000000", "1000",
+            "", "", "", ""]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    last = [line for line in out.splitlines() if line.startswith('"EVALSHA')][-1]
+    return float(last.split('","')[1])
+
+
+def med(values):
+    return statistics.median(values)
+
+
+def row(name, runs, base=None):
+    rate = med([r["throughput"] for r in runs])
+    p50 = med([r["latency"]["p50_us"] for r in runs])
+    p99 = med([r["latency"]["p99_us"] for r in runs])
+    ratio = f"{rate / base:.2f}" if base else "1.00"
+    return f"| {name} | {rate:,.0f} | {ratio} | {p50:,.0f} | {p99:,.0f} |"
+
+
+def header(title):
+    print(f"\n### {title}\n")
+    print("| | answers/s (median) | × baseline | p50 µs | p99 µs |")
+    print("|---|---:|---:|---:|---:|")
+
+
+def service(tmp, runs, secs):
+    rules = os.path.join(tmp, "rules.yaml")
+    up_port, http_port, grpc_port = free_port(), free_port(), free_port()
+    log = open(os.path.join(tmp, "service.log"), "w")
+    start([BIN, "bench", "upstream", "--listen", f"127.0.0.1:{up_port}"], log)
+    start([BIN, "serve", "--config", rules, "--http-addr", f"127.0.0.1:{http_port}",
+           "--grpc-addr", f"127.0.0.1:{grpc_port}"], log)
+    wait_port(up_port, "the upstream")
+    wait_port(http_port, "the service")
+    base, js, gr = [], [], []
+    for _ in range(runs):
+        base.append(http_post(f"http://127.0.0.1:{up_port}/json", secs))
+        js.append(http_post(f"http://127.0.0.1:{http_port}/json", secs))
+        gr.append(grpc(f"127.0.0.1:{grpc_port}", secs))
+    b = med([r["throughput"] for r in base])
+    header(f"Service on the memory store, closed loop, 64 workers, {runs} × {secs} s")
+    print(row("trivial upstream, same POST (**baseline**)", base))
+    print(row("`sluice serve` HTTP `/json`", js, b))
+    print(row("`sluice serve` gRPC `ShouldRateLimit`", gr, b))
+
+
+def redis(tmp, runs, secs):
+    rules = os.path.join(tmp, "rules.yaml")
+    redis_port, http_port, grpc_port = free_port(), free_port(), free_port()
+    log_path = os.path.join(tmp, "redis-service.log")
+    log = open(log_path, "w")
+    start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+           "--appendonly", "no"], log)
+    wait_port(redis_port, "redis-server")
+    start([BIN, "serve", "--config", rules, "--http-addr", f"127.0.0.1:{http_port}",
+           "--grpc-addr", f"127.0.0.1:{grpc_port}", "--store", f"redis://127.0.0.1:{redis_port}",
+           "--store-prefix", "bench"], log)
+    wait_port(http_port, "the service")
+    log.flush()
+    sha = re.search(r"check_script=\"?([0-9a-f]{40})", open(log_path).read()).group(1)
+    # The script is loaded on the service's first check; redis-benchmark needs it there.
+    http_post(f"http://127.0.0.1:{http_port}/json", 1)
+    ceiling, js, gr = [], [], []
+    for _ in range(runs):
+        ceiling.append(redis_benchmark(redis_port, sha))
+        js.append(http_post(f"http://127.0.0.1:{http_port}/json", secs))
+        gr.append(grpc(f"127.0.0.1:{grpc_port}", secs))
+    c = med(ceiling)
+    half = max(med([r["throughput"] for r in js]), med([r["throughput"] for r in gr])) / 2
+    js_half = [http_post(f"http://127.0.0.1:{http_port}/json", secs, rate=round(half))
+               for _ in range(runs)]
+    gr_half = [grpc(f"127.0.0.1:{grpc_port}", secs, rate=round(half)) for _ in range(runs)]
+    header(f"Service on the Redis store, 64 workers, {runs} × {secs} s")
+    print(f"| `redis-benchmark -P 16 -c 50` same EVALSHA (**ceiling**) | {c:,.0f} | 1.00 | | |")
+    print(row("`sluice serve` HTTP `/json`, closed loop", js, c))
+    print(row("`sluice serve` gRPC, closed loop", gr, c))
+    print(row(f"HTTP `/json` at {half:,.0f}/s (half load)", js_half, c))
+    print(row(f"gRPC at {half:,.0f}/s (half load)", gr_half, c))
+
+
+def gateway(tmp, runs, secs):
+    rules = os.path.join(tmp, "rules.yaml")
+    up_port, proxy_port = free_port(), free_port()
+    log = open(os.path.join(tmp, "gateway.log"), "w")
+    start([BIN, "bench", "upstream", "--listen", f"127.0.0.1:{up_port}"], log)
+    start([BIN, "proxy", "--config", rules, "--listen", f"127.0.0.1:{proxy_port}",
+           "--upstream", f"http://127.0.0.1:{up_port}"], log)
+    wait_port(up_port, "the upstream")
+    wait_port(proxy_port, "the gateway")
+    direct_url = f"http://127.0.0.1:{up_port}/api/items/{{n}}"
+    proxy_url = f"http://127.0.0.1:{proxy_port}/api/items/{{n}}"
+    direct, proxied = [], []
+    for _ in range(runs):
+        direct.append(bench("http", direct_url, secs=secs))
+        proxied.append(bench("http", proxy_url, secs=secs))
+    half = med([r["throughput"] for r in proxied]) / 2
+    direct_half, proxied_half = [], []
+    for _ in range(runs):
+        direct_half.append(bench("http", direct_url, secs=secs, rate=round(half)))
+        proxied_half.append(bench("http", proxy_url, secs=secs, rate=round(half)))
+    d = med([r["throughput"] for r in direct])
+    header(f"Gateway, GET /api/items/{{n}}, 64 workers, {runs} × {secs} s")
+    print(row("trivial upstream direct (**baseline**), closed loop", direct))
+    print(row("through `sluice proxy`, closed loop", proxied, d))
+    print(row(f"direct at {half:,.0f}/s (half the proxied maximum)", direct_half, d))
+    print(row(f"through `sluice proxy` at {half:,.0f}/s", proxied_half, d))
+    for q in ["p50_us", "p99_us"]:
+        added = med([p["latency"][q] for p in proxied_half]) - med([x["latency"][q] for x in direct_half])
+        print(f"\nAdded {q[:-3]} at half load: {added:,.0f} µs", end="")
+    print()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="*", default=["service", "redis", "gateway"])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--secs", type=int, default=5)
+    args = parser.parse_args()
+    subprocess.run(["cargo", "build", "--release", "--bin", "sluice"], cwd=ROOT, check=True)
+    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "rules.yaml"), "w") as f:
+            f.write(RULES)
+        try:
+            for what in args.what:
+                {"service": service, "redis": redis, "gateway": gateway}[what](tmp, args.runs, args.secs)
+                stop_all()
+                children.clear()
+        finally:
+            stop_all()
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+if __name__ == "__main__":
+    main()
