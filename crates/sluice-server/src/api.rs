@@ -10,8 +10,8 @@ use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sluice_core::{Decision, Policy};
 use sluice_http::{HeaderStyle, Quota, rate_limit_headers};
@@ -64,11 +64,19 @@ async fn read_json<T: DeserializeOwned>(body: Body) -> Result<T, Problem> {
             format!("the body is larger than {MAX_BODY} bytes"),
         )
     })?;
+    // Plain parsing is the fast path; only a body that fails is parsed again, tracking the
+    // path, to name the field at fault.
+    if let Ok(value) = serde_json::from_slice(&bytes) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(&bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let field = e.path().to_string();
         Problem::bad_request(format!("invalid JSON: {}", e.inner())).with_field(field)
-    })
+    })?;
+    de.end()
+        .map_err(|e| Problem::bad_request(format!("invalid JSON: {e}")))?;
+    Ok(value)
 }
 
 /// An unsigned integer as protobuf's JSON mapping writes it: a number (`5`, or `5.0` with no
@@ -221,39 +229,66 @@ fn json_duration(d: Duration) -> String {
     }
 }
 
+/// One descriptor's status in Envoy's JSON form, borrowed from the response.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonStatus<'a> {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<JsonLimit<'a>>,
+    #[serde(skip_serializing_if = "is_zero")]
+    limit_remaining: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonLimit<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    name: &'a str,
+    requests_per_unit: u32,
+    unit: &'static str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonResponse<'a> {
+    overall_code: &'static str,
+    statuses: Vec<JsonStatus<'a>>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// Envoy's `/json`: a RateLimitRequest in, a RateLimitResponse out, in protobuf's JSON form.
 async fn envoy_json(State(state): State<ApiState>, body: Body) -> Result<Response, Problem> {
     let (request, verdict) = decide(&state, body).await?;
     let response = to_response(&verdict, request.descriptors.len());
-    let statuses: Vec<Value> = response
+    let statuses = response
         .statuses
         .iter()
-        .map(|s| {
-            let mut v = json!({ "code": code_name(s.code) });
-            if let Some(l) = &s.current_limit {
-                let mut limit = json!({
-                    "requestsPerUnit": l.requests_per_unit,
-                    "unit": EnvoyUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name()),
-                });
-                if !l.name.is_empty() {
-                    limit["name"] = json!(l.name);
-                }
-                v["currentLimit"] = limit;
-            }
-            if s.limit_remaining > 0 {
-                v["limitRemaining"] = json!(s.limit_remaining);
-            }
-            if let Some(d) = &s.duration_until_reset {
-                let d = Duration::new(
+        .map(|s| JsonStatus {
+            code: code_name(s.code),
+            current_limit: s.current_limit.as_ref().map(|l| JsonLimit {
+                name: &l.name,
+                requests_per_unit: l.requests_per_unit,
+                unit: EnvoyUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name()),
+            }),
+            limit_remaining: s.limit_remaining,
+            duration_until_reset: s.duration_until_reset.as_ref().map(|d| {
+                json_duration(Duration::new(
                     d.seconds.max(0).unsigned_abs(),
                     d.nanos.max(0).unsigned_abs(),
-                );
-                v["durationUntilReset"] = json!(json_duration(d));
-            }
-            v
+                ))
+            }),
         })
         .collect();
-    let body = json!({ "overallCode": code_name(response.overall_code), "statuses": statuses });
+    let body = JsonResponse {
+        overall_code: code_name(response.overall_code),
+        statuses,
+    };
     Ok((status_of(&verdict), axum::Json(body)).into_response())
 }
 

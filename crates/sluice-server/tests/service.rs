@@ -490,6 +490,20 @@ async fn bad_http_input_gets_a_problem_naming_the_field() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
+    // A valid request followed by anything else is not a valid body.
+    let r = h
+        .http
+        .post(h.url("/json"))
+        .body(r#"{"domain": "shop", "descriptors": []} {"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let problem: Value = r.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("trailing"),
+        "{problem}"
+    );
     let r = h
         .http
         .post(h.url("/json"))
