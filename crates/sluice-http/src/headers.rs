@@ -1,7 +1,6 @@
 //! The rate-limit response fields: the IETF `RateLimit-Policy` and `RateLimit` fields, the
 //! legacy `X-RateLimit-*` trio, and `Retry-After`.
 
-use std::fmt::Write as _;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -80,6 +79,15 @@ pub fn retry_after_secs(decision: &Decision) -> Option<u64> {
 /// printable ASCII replaced, so a rule name can never break the header.
 fn push_sf_string(out: &mut String, name: &str) {
     out.push('"');
+    // Rule names rarely need escaping: copy them whole when they don't.
+    if name
+        .bytes()
+        .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
+    {
+        out.push_str(name);
+        out.push('"');
+        return;
+    }
     for c in name.chars() {
         match c {
             '"' | '\\' => {
@@ -111,26 +119,28 @@ pub fn rate_limit_headers(
         return out;
     };
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let (mut policy, mut state) = (String::new(), String::new());
+        // Sized for the usual names and numbers, so that neither grows on the way: these are
+        // built for every answer.
+        let capacity = quotas.iter().map(|q| q.name.len() + 32).sum();
+        let (mut policy, mut state) = (
+            String::with_capacity(capacity),
+            String::with_capacity(capacity),
+        );
         for (i, q) in quotas.iter().enumerate() {
             if i > 0 {
                 policy.push_str(", ");
                 state.push_str(", ");
             }
             push_sf_string(&mut policy, q.name);
-            let _ = write!(
-                policy,
-                ";q={};w={}",
-                q.decision.limit,
-                ceil_secs(q.policy.window())
-            );
+            policy.push_str(";q=");
+            push_u64(&mut policy, q.decision.limit);
+            policy.push_str(";w=");
+            push_u64(&mut policy, ceil_secs(q.policy.window()));
             push_sf_string(&mut state, q.name);
-            let _ = write!(
-                state,
-                ";r={};t={}",
-                q.decision.remaining,
-                ceil_secs(q.decision.reset_after)
-            );
+            state.push_str(";r=");
+            push_u64(&mut state, q.decision.remaining);
+            state.push_str(";t=");
+            push_u64(&mut state, ceil_secs(q.decision.reset_after));
         }
         push(&mut out, "ratelimit-policy", policy);
         push(&mut out, "ratelimit", state);
@@ -151,10 +161,27 @@ pub fn rate_limit_headers(
     out
 }
 
+/// Writes `n` in decimal, as `Display` does, without going through a formatter.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
+    }
+}
+
 fn push(out: &mut Vec<(HeaderName, HeaderValue)>, name: &'static str, value: String) {
     // Every value built here is printable ASCII, so the conversion cannot fail; skip rather
-    // than panic should that ever change.
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    // than panic should that ever change. The value's bytes are taken over, not copied.
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         out.push((HeaderName::from_static(name), v));
     }
 }
@@ -207,6 +234,15 @@ mod tests {
         assert_eq!(get("x-ratelimit-remaining").unwrap(), "0");
         assert_eq!(get("x-ratelimit-reset").unwrap(), "7200");
         assert_eq!(get("retry-after").unwrap(), "3601");
+    }
+
+    #[test]
+    fn numbers_are_written_as_display_writes_them() {
+        for n in [0, 7, 10, 99, 100, 86_400, 1_000_000_007, u64::MAX] {
+            let mut out = String::new();
+            push_u64(&mut out, n);
+            assert_eq!(out, n.to_string());
+        }
     }
 
     #[test]
