@@ -11,7 +11,8 @@
 //! gateway_bench max URL SECS CONNS          only the closed-loop load, against URL
 //! ```
 //!
-//! Run the pieces in separate processes, pinned with `taskset`, so that the generator does not
+//! `GATEWAY_BENCH_WORKERS=N` sets each process's tokio worker threads (by default one per CPU
+//! it may run on). Run the pieces in separate processes, pinned with `taskset`, so that the generator does not
 //! share the gateway's cores: docs/bench-notes/gateway.md shows how. Measured in one process,
 //! the proxied path pays for the generator, the upstream and the gateway on the same cores.
 //!
@@ -206,8 +207,21 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> T {
         .unwrap_or_else(|| panic!("argument {i} should be {what}"))
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // `GATEWAY_BENCH_WORKERS` sets the runtime's worker threads; by default there is one per
+    // CPU the process may run on, as in `sluice proxy`.
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = std::env::var("GATEWAY_BENCH_WORKERS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        runtime.worker_threads(n);
+    }
+    let runtime = runtime.enable_all().build().expect("a runtime");
+    runtime.block_on(run());
+}
+
+async fn run() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("upstream") => {
