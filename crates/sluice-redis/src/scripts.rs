@@ -25,8 +25,11 @@
 //! - they are **computed** on as nanoseconds relative to `S`, the whole second of Redis time the
 //!   call runs in. A counter's timestamps lie within a window or two of now, so these numbers are
 //!   exact, and every algorithm decides exactly as the core's pure functions do;
-//! - every division is done on exact integers (`math.fmod`, then an exact quotient), never by
-//!   `math.floor(a / b)`, whose rounding can be off by one near 2⁵³;
+//! - every division is done on exact integers: the remainder first, then the exact quotient
+//!   `(a - r) / b`. The remainder is Lua's `a % b`, which is `a - floor(a / b) · b` and exact for
+//!   integers of magnitude below 2⁵³ (the rounded quotient cannot cross an integer there: the
+//!   distance to the next one, at least `1 / b`, exceeds half an ulp of `a / b`), or `math.fmod`
+//!   in the helpers; the fast path prefers `%`, an operator, to a function call;
 //! - a product `a · b / c` that passes 2⁵³ (a refill at a high rate, a weighted count of a
 //!   large sliding counter) is divided exactly in parts (`mul_div`);
 //! - GCRA and the queue compare backlogs (how far their time lies after now), and compute
@@ -69,9 +72,10 @@ macro_rules! clock {
     () => {
         r#"
 local clock = redis.call('TIME')
-local S = tonumber(clock[1])
-local now = tonumber(clock[2]) * 1000 + tonumber(ARGV[1])
-if now < 0 or now >= 1000000000 then
+local S = clock[1] + 0
+local now = clock[2] * 1000
+if ARGV[1] ~= '0' then
+  now = now + ARGV[1]
   local r = math.fmod(now, 1000000000)
   if r < 0 then r = r + 1000000000 end
   S = S + (now - r) / 1000000000
@@ -92,17 +96,17 @@ macro_rules! mul_div {
   local p = a * b
   local q, r
   if p < 9007199254740992 then
-    r = math.fmod(p, c)
+    r = p % c
     q = (p - r) / c
   else
-    local ra = math.fmod(a, c)
-    local rb = math.fmod(b, c)
+    local ra = a % c
+    local rb = b % c
     q = (a - ra) / c * b + ra * ((b - rb) / c)
     local x, y = ra, rb
     if x > y then x, y = y, x end
     p = x * y
     if p < 9007199254740992 then
-      r = math.fmod(p, c)
+      r = p % c
       q = q + (p - r) / c
     else
       -- x * y = n * c + r, built from the top bit of x down; every step stays below 2^54.
@@ -280,11 +284,14 @@ pub(crate) const CHECK: &str = concat!(
 -- function created (but mul_div, for the token bucket and the sliding counter). Each algorithm
 -- decides exactly as its function in the general path below, and as the core.
 if #KEYS == 1 then
+  -- Every C function call and string conversion shows in the rate here, so numbers are
+  -- converted by arithmetic (`x + 0`, one conversion; `tonumber` makes two, and a call) and the
+  -- algorithm code is compared as a string.
   local key = KEYS[1]
-  local alg = tonumber(ARGV[3])
-  local cost = tonumber(ARGV[4])
-  local p1 = tonumber(ARGV[5])
-  local p2 = tonumber(ARGV[6])
+  local alg = ARGV[3]
+  local cost = ARGV[4] + 0
+  local p1 = ARGV[5] + 0
+  local p2 = ARGV[6] + 0
   local need = cost
   if need < 1 then need = 1 end
   -- Only an admitted check that consumes is written, and only when committing.
@@ -293,22 +300,22 @@ if #KEYS == 1 then
   -- What an admission stores (a string counter), with the reset its TTL follows.
   local value
 
-  if alg == 2 or alg == 3 then
+  if alg == '2' or alg == '3' then
     -- GCRA (p1 burst, p2 interval) and the queue (p1 capacity, p2 interval, p3 maximum wait,
     -- p4 1 if blocked) keep one time: how far it lies after now is the backlog.
     local backlog = 0
     local raw = redis.pcall('GET', key)
     if type(raw) == 'string' then
       local pattern = '^2 (%d+)(%d%d%d%d%d%d%d%d%d)$'
-      if alg == 3 then pattern = '^3 (%d+)(%d%d%d%d%d%d%d%d%d)$' end
+      if alg == '3' then pattern = '^3 (%d+)(%d%d%d%d%d%d%d%d%d)$' end
       local sec, ns = string.match(raw, pattern)
       if sec then
-        backlog = (tonumber(sec) - S) * 1000000000 + (tonumber(ns) - now)
+        backlog = (sec - S) * 1000000000 + (ns - now)
         if backlog < 0 then backlog = 0 end
       end
     end
     local interval = p2
-    if alg == 2 then
+    if alg == '2' then
       local horizon = p1 * interval
       if need > p1 then
         retry = -1
@@ -323,10 +330,10 @@ if #KEYS == 1 then
         end
       end
       local left = horizon - backlog
-      if left > 0 then remaining = (left - math.fmod(left, interval)) / interval end
+      if left > 0 then remaining = (left - left % interval) / interval end
     else
-      local max_wait = tonumber(ARGV[7])
-      if tonumber(ARGV[8]) == 1 or need > p1 then
+      local max_wait = ARGV[7] + 0
+      if ARGV[8] == '1' or need > p1 then
         retry = -1
       else
         local bound = (p1 - need) * interval
@@ -340,7 +347,7 @@ if #KEYS == 1 then
         end
       end
       -- Free places behind the backlog: by the queue's length, and by the maximum wait.
-      local r = math.fmod(backlog, interval)
+      local r = backlog % interval
       local queued = (backlog - r) / interval
       if r > 0 then queued = queued + 1 end
       remaining = p1 - queued
@@ -349,23 +356,23 @@ if #KEYS == 1 then
         remaining = 0
       else
         local slack = max_wait - backlog
-        local by_wait = (slack - math.fmod(slack, interval)) / interval + 1
+        local by_wait = (slack - slack % interval) / interval + 1
         if by_wait < remaining then remaining = by_wait end
       end
     end
     reset = backlog
     if allowed == 1 and write then
       -- now + backlog, exactly: whole seconds and nanoseconds apart.
-      local r = math.fmod(backlog, 1000000000)
+      local r = backlog % 1000000000
       local s = S + (backlog - r) / 1000000000
       r = r + now
       if r >= 1000000000 then s, r = s + 1, r - 1000000000 end
-      value = string.format('%d %d%09d', alg, s, r)
+      value = string.format('%s %d%09d', alg, s, r)
     end
 
-  elseif alg == 1 then
+  elseif alg == '1' then
     -- Token bucket: p1 capacity, p2 refill amount, p3 refill period.
-    local cap, amount, per = p1, p2, tonumber(ARGV[7])
+    local cap, amount, per = p1, p2, ARGV[7] + 0
     local rate = amount
     if rate < 1 then rate = 1 end
     local mul_div = "#,
@@ -376,8 +383,8 @@ if #KEYS == 1 then
     if type(raw) == 'string' then
       local t, sec, ns = string.match(raw, '^1 (%d+) (%d+)(%d%d%d%d%d%d%d%d%d)$')
       if t then
-        tokens = tonumber(t)
-        last = (tonumber(sec) - S) * 1000000000 + tonumber(ns)
+        tokens = t + 0
+        last = (sec - S) * 1000000000 + ns
       end
     end
     local elapsed = now - last
@@ -404,39 +411,37 @@ if #KEYS == 1 then
       if reset < 0 then reset = 0 end
     end
     if allowed == 1 and write then
-      local r = math.fmod(last, 1000000000)
-      if r < 0 then r = r + 1000000000 end
+      local r = last % 1000000000
       value = string.format('1 %d %d%09d', tokens, S + (last - r) / 1000000000, r)
     end
 
-  elseif alg == 4 or alg == 6 then
+  elseif alg ~= '5' then
     -- Fixed window (p1 limit, p2 window, p3 1 if clock-aligned, p4 a window start) and sliding
     -- counter (p1 limit, p2 window, p4 a window start).
     local w = p2
     local start
-    if alg == 6 or tonumber(ARGV[7]) == 1 then
+    if alg ~= '4' or ARGV[7] == '1' then
       -- The window now falls in, on the grid through the reference start.
       local ref = ARGV[8]
       local n = #ref
       local r
       if n <= 9 then
-        r = tonumber(ref) - S * 1000000000
+        r = ref - S * 1000000000
       else
-        r = (tonumber(string.sub(ref, 1, n - 9)) - S) * 1000000000 + tonumber(string.sub(ref, n - 8))
+        r = (string.sub(ref, 1, n - 9) - S) * 1000000000 + string.sub(ref, n - 8)
       end
       local d = now - r
-      local m = math.fmod(d, w)
-      if m < 0 then m = m + w end
+      local m = d % w
       start = r + (d - m)
     end
     local raw = redis.pcall('GET', key)
-    if alg == 4 then
+    if alg == '4' then
       local vstart, count
       if type(raw) == 'string' then
         local sec, ns, c = string.match(raw, '^4 (%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
         if sec then
-          vstart = (tonumber(sec) - S) * 1000000000 + tonumber(ns)
-          count = tonumber(c)
+          vstart = (sec - S) * 1000000000 + ns
+          count = c + 0
         end
       end
       if start == nil then
@@ -459,8 +464,7 @@ if #KEYS == 1 then
         if count == 0 then reset = 0 end
       end
       if allowed == 1 and cost > 0 then
-        local r = math.fmod(start, 1000000000)
-        if r < 0 then r = r + 1000000000 end
+        local r = start % 1000000000
         token = string.format('%d%09d', S + (start - r) / 1000000000, r)
         if write then value = '4 ' .. token .. ' ' .. string.format('%d', count) end
       end
@@ -470,11 +474,11 @@ if #KEYS == 1 then
       if type(raw) == 'string' then
         local sec, ns, c, p = string.match(raw, '^6 (%d+)(%d%d%d%d%d%d%d%d%d) (%d+) (%d+)$')
         if sec then
-          local vstart = (tonumber(sec) - S) * 1000000000 + tonumber(ns)
+          local vstart = (sec - S) * 1000000000 + ns
           if start <= vstart then
-            start, current, previous = vstart, tonumber(c), tonumber(p)
+            start, current, previous = vstart, c + 0, p + 0
           elseif start - vstart == w then
-            previous = tonumber(c)
+            previous = c + 0
           end
         end
       end
@@ -529,14 +533,13 @@ if #KEYS == 1 then
         reset = to_next
       end
       if allowed == 1 and cost > 0 then
-        local r = math.fmod(start, 1000000000)
-        if r < 0 then r = r + 1000000000 end
+        local r = start % 1000000000
         token = string.format('%d%09d', S + (start - r) / 1000000000, r)
         if write then value = string.format('6 %s %d %d', token, current, previous) end
       end
     end
 
-  elseif alg == 5 then
+  else
     -- Sliding log (p1 limit, p2 window): a list of a header (the total of its units) and one
     -- "<nanos> <units>" entry per arrival time, oldest first. LLEN tells its shape: 0 for no key,
     -- an error for a key of another type.
@@ -551,18 +554,18 @@ if #KEYS == 1 then
       if count > 0 then
         -- Expired entries are a prefix: scan them only when the oldest has expired.
         local sec, ns = string.match(head[2], '^(%d+)(%d%d%d%d%d%d%d%d%d) ')
-        if sec == nil or (tonumber(sec) - S) * 1000000000 + tonumber(ns) + w <= now then
+        if sec == nil or (sec - S) * 1000000000 + ns + w <= now then
           local i = 1
           local done = false
           while not done and i <= count do
             local chunk = redis.call('LRANGE', key, i, i + 63)
             for _, e in ipairs(chunk) do
               local es, ens, eu = string.match(e, '^(%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
-              if es ~= nil and (tonumber(es) - S) * 1000000000 + tonumber(ens) + w > now then
+              if es ~= nil and (es - S) * 1000000000 + ens + w > now then
                 done = true
                 break
               end
-              total = total - tonumber(eu or string.match(e, ' (%d+)$'))
+              total = total - (eu or string.match(e, ' (%d+)$'))
               drop = drop + 1
             end
             i = i + 64
@@ -571,8 +574,8 @@ if #KEYS == 1 then
         if count > drop then
           if count == 1 then back_entry = head[2] else back_entry = redis.call('LINDEX', key, -1) end
           local bs, bns, bu = string.match(back_entry, '^(%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
-          back_at = (tonumber(bs) - S) * 1000000000 + tonumber(bns)
-          back_units = tonumber(bu)
+          back_at = (bs - S) * 1000000000 + bns
+          back_units = bu + 0
         end
       end
     end
@@ -595,8 +598,7 @@ if #KEYS == 1 then
           back_at, back_units = now, cost
         end
         total = total + cost
-        local r = math.fmod(back_at, 1000000000)
-        if r < 0 then r = r + 1000000000 end
+        local r = back_at % 1000000000
         token = string.format('%d%09d', S + (back_at - r) / 1000000000, r)
         if write then
           local e = token .. ' ' .. string.format('%d', back_units)
@@ -610,7 +612,7 @@ if #KEYS == 1 then
             redis.call('LSET', key, 0, header)
             if merge then redis.call('LSET', key, -1, e) else redis.call('RPUSH', key, e) end
           end
-          local m = math.fmod(reset, 1000000)
+          local m = reset % 1000000
           local ms = (reset - m) / 1000000 + 1000
           if m > 0 then ms = ms + 1 end
           redis.call('PEXPIRE', key, ms .. '')
@@ -625,8 +627,8 @@ if #KEYS == 1 then
         local chunk = redis.call('LRANGE', key, i, i + 63)
         for _, e in ipairs(chunk) do
           local es, ens, eu = string.match(e, '^(%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
-          freed = freed + tonumber(eu)
-          retry = (tonumber(es) - S) * 1000000000 + tonumber(ens) + w - now
+          freed = freed + eu
+          retry = (es - S) * 1000000000 + ens + w - now
           if retry < 0 then retry = 0 end
           if remaining + freed >= need then found = true; break end
         end
@@ -637,7 +639,7 @@ if #KEYS == 1 then
 
   if value ~= nil then
     -- SET replaces a value of any type, and sets the TTL in the same command.
-    local m = math.fmod(reset, 1000000)
+    local m = reset % 1000000
     local ms = (reset - m) / 1000000 + 1000
     if m > 0 then ms = ms + 1 end
     redis.call('SET', key, value, 'PX', ms .. '')
