@@ -166,6 +166,10 @@ impl Server {
             let shutdown = async move {
                 let _ = http_stop.wait_for(|s| *s).await;
             };
+            // Answers go out as soon as they are written: a decision is latency, not bulk.
+            let http = axum::serve::ListenerExt::tap_io(http, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             if let Err(e) = axum::serve(http, app)
                 .with_graceful_shutdown(shutdown)
                 .await
@@ -264,5 +268,5 @@ fn local(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
 
 /// Accepted connections from `listener`, as tonic's `serve_with_incoming` takes them.
 fn tokio_stream_listener(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener)
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
