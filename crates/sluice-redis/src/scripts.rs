@@ -306,11 +306,14 @@ if #KEYS == 1 then
     local backlog = 0
     local raw = redis.pcall('GET', key)
     if type(raw) == 'string' then
-      local pattern = '^2 (%d+)(%d%d%d%d%d%d%d%d%d)$'
-      if alg == '3' then pattern = '^3 (%d+)(%d%d%d%d%d%d%d%d%d)$' end
-      local sec, ns = string.match(raw, pattern)
-      if sec then
-        backlog = (sec - S) * 1000000000 + (ns - now)
+      local pattern = '^2 (%d+)$'
+      if alg == '3' then pattern = '^3 (%d+)$' end
+      local at = string.match(raw, pattern)
+      -- Seconds and nanoseconds apart, since a timestamp is too long for a double. (A pattern
+      -- that splits them backtracks, and costs microseconds.) Nine digits or fewer would be a
+      -- time in 1970, long past: the same as none.
+      if at ~= nil and #at > 9 then
+        backlog = (string.sub(at, 1, -10) - S) * 1000000000 + (string.sub(at, -9) - now)
         if backlog < 0 then backlog = 0 end
       end
     end
@@ -381,10 +384,10 @@ if #KEYS == 1 then
     local tokens, last = cap, now
     local raw = redis.pcall('GET', key)
     if type(raw) == 'string' then
-      local t, sec, ns = string.match(raw, '^1 (%d+) (%d+)(%d%d%d%d%d%d%d%d%d)$')
-      if t then
+      local t, at = string.match(raw, '^1 (%d+) (%d+)$')
+      if t ~= nil and #at > 9 then
         tokens = t + 0
-        last = (sec - S) * 1000000000 + ns
+        last = (string.sub(at, 1, -10) - S) * 1000000000 + string.sub(at, -9)
       end
     end
     local elapsed = now - last
@@ -438,9 +441,9 @@ if #KEYS == 1 then
     if alg == '4' then
       local vstart, count
       if type(raw) == 'string' then
-        local sec, ns, c = string.match(raw, '^4 (%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
-        if sec then
-          vstart = (sec - S) * 1000000000 + ns
+        local at, c = string.match(raw, '^4 (%d+) (%d+)$')
+        if at ~= nil and #at > 9 then
+          vstart = (string.sub(at, 1, -10) - S) * 1000000000 + string.sub(at, -9)
           count = c + 0
         end
       end
@@ -472,9 +475,9 @@ if #KEYS == 1 then
       local limit = p1
       local current, previous = 0, 0
       if type(raw) == 'string' then
-        local sec, ns, c, p = string.match(raw, '^6 (%d+)(%d%d%d%d%d%d%d%d%d) (%d+) (%d+)$')
-        if sec then
-          local vstart = (sec - S) * 1000000000 + ns
+        local at, c, p = string.match(raw, '^6 (%d+) (%d+) (%d+)$')
+        if at ~= nil and #at > 9 then
+          local vstart = (string.sub(at, 1, -10) - S) * 1000000000 + string.sub(at, -9)
           if start <= vstart then
             start, current, previous = vstart, c + 0, p + 0
           elseif start - vstart == w then
@@ -547,25 +550,32 @@ if #KEYS == 1 then
     local len = redis.pcall('LLEN', key)
     local count, total, drop = 0, 0, 0
     local back_at, back_units, back_entry
+    -- An entry's time (relative to S, or nil for a time in 1970) and units. The one function
+    -- this path creates: the log already costs several list commands per call.
+    local function parse(e)
+      local at, units = string.match(e, '^(%d+) (%d+)$')
+      if at == nil or #at <= 9 then return nil, units end
+      return (string.sub(at, 1, -10) - S) * 1000000000 + string.sub(at, -9), units + 0
+    end
     if type(len) == 'number' and len > 0 then
       count = len - 1
       local head = redis.call('LRANGE', key, 0, 1)
       total = tonumber(head[1]) or 0
       if count > 0 then
         -- Expired entries are a prefix: scan them only when the oldest has expired.
-        local sec, ns = string.match(head[2], '^(%d+)(%d%d%d%d%d%d%d%d%d) ')
-        if sec == nil or (sec - S) * 1000000000 + ns + w <= now then
+        local oldest = parse(head[2])
+        if oldest == nil or oldest + w <= now then
           local i = 1
           local done = false
           while not done and i <= count do
             local chunk = redis.call('LRANGE', key, i, i + 63)
             for _, e in ipairs(chunk) do
-              local es, ens, eu = string.match(e, '^(%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
-              if es ~= nil and (es - S) * 1000000000 + ens + w > now then
+              local at, units = parse(e)
+              if at ~= nil and at + w > now then
                 done = true
                 break
               end
-              total = total - (eu or string.match(e, ' (%d+)$'))
+              total = total - units
               drop = drop + 1
             end
             i = i + 64
@@ -573,9 +583,7 @@ if #KEYS == 1 then
         end
         if count > drop then
           if count == 1 then back_entry = head[2] else back_entry = redis.call('LINDEX', key, -1) end
-          local bs, bns, bu = string.match(back_entry, '^(%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
-          back_at = (bs - S) * 1000000000 + bns
-          back_units = bu + 0
+          back_at, back_units = parse(back_entry)
         end
       end
     end
@@ -626,9 +634,9 @@ if #KEYS == 1 then
       while not found and i <= count do
         local chunk = redis.call('LRANGE', key, i, i + 63)
         for _, e in ipairs(chunk) do
-          local es, ens, eu = string.match(e, '^(%d+)(%d%d%d%d%d%d%d%d%d) (%d+)$')
-          freed = freed + eu
-          retry = (es - S) * 1000000000 + ens + w - now
+          local at, units = parse(e)
+          freed = freed + units
+          retry = at + w - now
           if retry < 0 then retry = 0 end
           if remaining + freed >= need then found = true; break end
         end
