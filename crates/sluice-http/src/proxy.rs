@@ -304,18 +304,24 @@ fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
 fn push_ip(out: &mut String, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
+            let mut text = [0u8; 15];
+            let mut n = 0;
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    text[n] = b'.';
+                    n += 1;
                 }
-                if octet >= 100 {
-                    out.push(char::from(b'0' + octet / 100));
+                for (digit, shown) in [(octet / 100, octet >= 100), (octet / 10 % 10, octet >= 10)]
+                {
+                    if shown {
+                        text[n] = b'0' + digit;
+                        n += 1;
+                    }
                 }
-                if octet >= 10 {
-                    out.push(char::from(b'0' + octet / 10 % 10));
-                }
-                out.push(char::from(b'0' + octet % 10));
+                text[n] = b'0' + octet % 10;
+                n += 1;
             }
+            out.push_str(std::str::from_utf8(&text[..n]).unwrap_or_default());
         }
         IpAddr::V6(v6) => {
             let _ = write!(out, "{v6}");
