@@ -9,9 +9,13 @@
 //! `EVALSHA` runs a script's whole body on every call, so every `local function` and every table
 //! in it is created anew and then collected. [`CHECK`] therefore decides a call of one check
 //! (nearly every call) in straight-line code on locals: one `GET` (or a few list reads for the
-//! sliding log), one `SET … PX`, and no table but the reply. Calls of several checks, which must
-//! thread each key's state from check to check, take the general path after it, written with
-//! helpers and tables. The two paths decide identically; `tests/scripts.rs` runs both against the
+//! sliding log), one `SET … PX`, no table but the reply, and no function but `mul_div` (token
+//! bucket, sliding counter) and the log's entry parser. On Redis 7.0 each C function call or
+//! string conversion in a script also costs a few hundred nanoseconds, so that path converts
+//! numbers by arithmetic (`x + 0`), takes remainders with `%`, compares the algorithm code as a
+//! string, and splits timestamps with `string.sub` rather than a pattern that backtracks. Calls
+//! of several checks, which must thread each key's state from check to check, take the general
+//! path after it, written with helpers and tables. The two paths decide identically; `tests/scripts.rs` runs both against the
 //! core's pure functions on a frozen clock, nanosecond for nanosecond.
 //!
 //! ## Numbers in Lua
@@ -26,10 +30,12 @@
 //!   call runs in. A counter's timestamps lie within a window or two of now, so these numbers are
 //!   exact, and every algorithm decides exactly as the core's pure functions do;
 //! - every division is done on exact integers: the remainder first, then the exact quotient
-//!   `(a - r) / b`. The remainder is Lua's `a % b`, which is `a - floor(a / b) · b` and exact for
-//!   integers of magnitude below 2⁵³ (the rounded quotient cannot cross an integer there: the
-//!   distance to the next one, at least `1 / b`, exceeds half an ulp of `a / b`), or `math.fmod`
-//!   in the helpers; the fast path prefers `%`, an operator, to a function call;
+//!   `(a - r) / b`. The fast path takes the remainder with Lua's `a % b`, an operator rather than
+//!   a function call: it is `a - floor(a / b) · b`, exact for integers `0 ≤ a < 2⁵³` (the
+//!   rounded quotient cannot cross an integer: the distance to the next one, at least `1 / b`,
+//!   exceeds half an ulp of `a / b`), and for negative `a` when `b` is 10⁹ or 10⁶ (every multiple
+//!   of those below 4·10¹⁸ is a double). A remainder of anything else, such as the distance from
+//!   a reference window start, uses `math.fmod`, which is always exact;
 //! - a product `a · b / c` that passes 2⁵³ (a refill at a high rate, a weighted count of a
 //!   large sliding counter) is divided exactly in parts (`mul_div`);
 //! - GCRA and the queue compare backlogs (how far their time lies after now), and compute
@@ -434,7 +440,8 @@ if #KEYS == 1 then
         r = (string.sub(ref, 1, n - 9) - S) * 1000000000 + string.sub(ref, n - 8)
       end
       local d = now - r
-      local m = d % w
+      local m = math.fmod(d, w)
+      if m < 0 then m = m + w end
       start = r + (d - m)
     end
     local raw = redis.pcall('GET', key)
