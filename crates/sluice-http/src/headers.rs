@@ -162,18 +162,8 @@ pub fn rate_limit_headers(
 }
 
 /// Writes `n` in decimal, as `Display` does, without going through a formatter.
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
+fn push_u64(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 fn push(out: &mut Vec<(HeaderName, HeaderValue)>, name: &'static str, value: String) {

@@ -261,8 +261,8 @@ impl Template {
     /// The text with every placeholder replaced by `n`.
     pub fn render(&self, n: u64) -> String {
         let mut out = String::with_capacity(self.pieces.iter().map(String::len).sum::<usize>() + 8);
-        let mut number = itoa_buffer();
-        let n = format_u64(&mut number, n);
+        let mut number = itoa::Buffer::new();
+        let n = number.format(n);
         for (i, piece) in self.pieces.iter().enumerate() {
             if i > 0 {
                 out.push_str(n);
@@ -271,24 +271,6 @@ impl Template {
         }
         out
     }
-}
-
-fn itoa_buffer() -> [u8; 20] {
-    [0; 20]
-}
-
-/// `n` in decimal, written into `buf` without allocating.
-fn format_u64(buf: &mut [u8; 20], mut n: u64) -> &str {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    std::str::from_utf8(&buf[i..]).unwrap_or("0")
 }
 
 #[cfg(test)]
