@@ -133,15 +133,22 @@ def header(title):
     print("|---|---:|---:|---:|---:|")
 
 
+def start_serve(tmp, log, *extra):
+    """`sluice serve` on the bench rules; returns its HTTP and gRPC ports once it listens."""
+    http_port, grpc_port = free_port(), free_port()
+    start([BIN, "serve", "--config", os.path.join(tmp, "rules.yaml"),
+           "--http-addr", f"127.0.0.1:{http_port}", "--grpc-addr", f"127.0.0.1:{grpc_port}",
+           *extra], log)
+    wait_port(http_port, "the service")
+    return http_port, grpc_port
+
+
 def service(tmp, runs, secs):
-    rules = os.path.join(tmp, "rules.yaml")
-    up_port, http_port, grpc_port = free_port(), free_port(), free_port()
+    up_port = free_port()
     log = open(os.path.join(tmp, "service.log"), "w")
     start([BIN, "bench", "upstream", "--listen", f"127.0.0.1:{up_port}"], log)
-    start([BIN, "serve", "--config", rules, "--http-addr", f"127.0.0.1:{http_port}",
-           "--grpc-addr", f"127.0.0.1:{grpc_port}"], log)
     wait_port(up_port, "the upstream")
-    wait_port(http_port, "the service")
+    http_port, grpc_port = start_serve(tmp, log)
     base, js, gr = [], [], []
     for _ in range(runs):
         base.append(http_post(f"http://127.0.0.1:{up_port}/json", secs))
@@ -155,18 +162,14 @@ def service(tmp, runs, secs):
 
 
 def redis(tmp, runs, secs):
-    rules = os.path.join(tmp, "rules.yaml")
-    redis_port, http_port, grpc_port = free_port(), free_port(), free_port()
+    redis_port = free_port()
     log_path = os.path.join(tmp, "redis-service.log")
     log = open(log_path, "w")
     start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
            "--appendonly", "no"], log)
     wait_port(redis_port, "redis-server")
-    start([BIN, "serve", "--config", rules, "--http-addr", f"127.0.0.1:{http_port}",
-           "--grpc-addr", f"127.0.0.1:{grpc_port}", "--store", f"redis://127.0.0.1:{redis_port}",
-           "--store-prefix", "bench"], log)
-    wait_port(http_port, "the service")
-    log.flush()
+    http_port, grpc_port = start_serve(
+        tmp, log, "--store", f"redis://127.0.0.1:{redis_port}", "--store-prefix", "bench")
     sha = re.search(r"check_script=\"?([0-9a-f]{40})", open(log_path).read()).group(1)
     # The script is loaded on the service's first check; redis-benchmark needs it there.
     http_post(f"http://127.0.0.1:{http_port}/json", 1)
