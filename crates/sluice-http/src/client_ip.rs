@@ -6,6 +6,7 @@
 //! trusted proxy is skipped, and the first one that is not is the client. A malformed hop stops
 //! the walk at the last address that was vouched for.
 
+use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use http::HeaderMap;
@@ -14,6 +15,36 @@ use sluice_rules::Cidr;
 
 /// The header that carries the forwarding chain in its de-facto form.
 pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
+
+/// Writes `ip` as `Display` does. An IPv4 address is written by hand: `Display` pads through
+/// the formatter, which costs more than the rest of a request's decision path.
+pub(crate) fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut text = [0u8; 15];
+            let mut n = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text[n] = b'.';
+                    n += 1;
+                }
+                for (digit, shown) in [(octet / 100, octet >= 100), (octet / 10 % 10, octet >= 10)]
+                {
+                    if shown {
+                        text[n] = b'0' + digit;
+                        n += 1;
+                    }
+                }
+                text[n] = b'0' + octet % 10;
+                n += 1;
+            }
+            out.push_str(std::str::from_utf8(&text[..n]).unwrap_or_default());
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
 
 /// The client address of a request that arrived from `peer`.
 ///
@@ -99,6 +130,36 @@ mod tests {
             h.append(*k, HeaderValue::from_static(v));
         }
         h
+    }
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        let mut octets = vec![0u8, 1, 9, 10, 11, 99, 100, 101, 199, 200, 249, 250, 255];
+        octets.extend((0..=255).step_by(17));
+        for (i, a) in octets.iter().enumerate() {
+            let b = octets[(i * 7 + 3) % octets.len()];
+            for addr in [
+                IpAddr::from([*a, b, 0, 255]),
+                IpAddr::from([255, *a, b, 100]),
+                IpAddr::from(std::net::Ipv6Addr::new(
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0xffff,
+                    u16::from(*a),
+                    1,
+                )),
+            ] {
+                let mut text = String::new();
+                push_ip(&mut text, addr);
+                assert_eq!(text, addr.to_string());
+            }
+        }
+        let mut text = String::from("a, ");
+        push_ip(&mut text, ip("2001:db8::1"));
+        assert_eq!(text, "a, 2001:db8::1");
     }
 
     #[test]

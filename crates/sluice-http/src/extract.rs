@@ -9,6 +9,7 @@ use http::request::Parts;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use sluice_rules::{Gateway, Route, RouteHeaders, ValueSource, strip_port};
 
+use crate::client_ip::push_ip;
 use crate::headers::HeaderStyle;
 use crate::limiter::{LimitRequest, RequestDescriptor};
 use crate::limits::{MAX_DESCRIPTORS, MAX_FIELD_LEN};
@@ -119,7 +120,11 @@ fn read(
             .map(str::to_owned)
     };
     match source {
-        ValueSource::ClientIp => Some(client.to_string()),
+        ValueSource::ClientIp => {
+            let mut text = String::with_capacity(15);
+            push_ip(&mut text, client);
+            Some(text)
+        }
         ValueSource::Header(name) => header(name),
         ValueSource::Query(name) => query_param(parts.uri.query()?, name),
         ValueSource::Cookie(name) => cookie(parts, name),

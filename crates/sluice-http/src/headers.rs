@@ -39,6 +39,13 @@ impl FromStr for HeaderStyle {
     }
 }
 
+// The names, checked once rather than on every answer; cloning a static name copies a pointer.
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
 /// One limit that applied to a request, with its decision.
 #[derive(Debug, Clone, Copy)]
 pub struct Quota<'a> {
@@ -142,18 +149,14 @@ pub fn rate_limit_headers(
             state.push_str(";t=");
             push_u64(&mut state, ceil_secs(q.decision.reset_after));
         }
-        push(&mut out, "ratelimit-policy", policy);
-        push(&mut out, "ratelimit", state);
+        push(&mut out, &RATELIMIT_POLICY, policy);
+        push(&mut out, &RATELIMIT, state);
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let d = tightest.decision;
-        push(&mut out, "x-ratelimit-limit", d.limit.to_string());
-        push(&mut out, "x-ratelimit-remaining", d.remaining.to_string());
-        push(
-            &mut out,
-            "x-ratelimit-reset",
-            ceil_secs(d.reset_after).to_string(),
-        );
+        push_number(&mut out, &X_RATELIMIT_LIMIT, d.limit);
+        push_number(&mut out, &X_RATELIMIT_REMAINING, d.remaining);
+        push_number(&mut out, &X_RATELIMIT_RESET, ceil_secs(d.reset_after));
     }
     if let Some(secs) = retry_after_secs(tightest.decision) {
         out.push((RETRY_AFTER, HeaderValue::from(secs)));
@@ -166,12 +169,16 @@ fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
 
-fn push(out: &mut Vec<(HeaderName, HeaderValue)>, name: &'static str, value: String) {
+fn push(out: &mut Vec<(HeaderName, HeaderValue)>, name: &HeaderName, value: String) {
     // Every value built here is printable ASCII, so the conversion cannot fail; skip rather
     // than panic should that ever change. The value's bytes are taken over, not copied.
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
-        out.push((HeaderName::from_static(name), v));
+        out.push((name.clone(), v));
     }
+}
+
+fn push_number(out: &mut Vec<(HeaderName, HeaderValue)>, name: &HeaderName, n: u64) {
+    out.push((name.clone(), HeaderValue::from(n)));
 }
 
 #[cfg(test)]

@@ -346,17 +346,30 @@ impl Limiter {
         let (enforced, observed): (Vec<usize>, Vec<usize>) =
             (0..planned.len()).partition(|&i| planned[i].rule.as_ref().is_none_or(|r| enforces(r)));
         let (a, b) = if observed.is_empty() {
-            (self.check_group(&planned, &enforced).await, Vec::new())
+            (
+                self.check_group(&planned, &enforced).await,
+                (Vec::new(), false),
+            )
         } else {
             tokio::join!(
                 self.check_group(&planned, &enforced),
                 self.check_group(&planned, &observed)
             )
         };
-        let mut results: Vec<Option<(Decision, bool)>> = vec![None; planned.len()];
-        for (i, r) in enforced.iter().zip(a).chain(observed.iter().zip(b)) {
-            results[*i] = Some(r);
-        }
+        // Each planned check's decision, and whether it came from the fallback. With no shadow
+        // or soft limit (the usual case), the enforced group is every check, in order.
+        let results: Vec<Option<(Decision, bool)>> = if observed.is_empty() {
+            a.0.into_iter().map(|d| Some((d, a.1))).collect()
+        } else {
+            let mut results = vec![None; planned.len()];
+            for (i, d) in enforced.iter().zip(a.0) {
+                results[*i] = Some((d, a.1));
+            }
+            for (i, d) in observed.iter().zip(b.0) {
+                results[*i] = Some((d, b.1));
+            }
+            results
+        };
         let mut verdict = Verdict {
             allowed: true,
             checks: Vec::with_capacity(planned.len()),
@@ -435,18 +448,18 @@ impl Limiter {
         }
     }
 
-    /// Checks the planned checks at `which` atomically; returns each decision and whether it
-    /// came from the fallback because the store failed.
-    async fn check_group(&self, planned: &[Planned], which: &[usize]) -> Vec<(Decision, bool)> {
+    /// Checks the planned checks at `which` atomically; returns their decisions, and whether
+    /// they came from the fallback because the store failed.
+    async fn check_group(&self, planned: &[Planned], which: &[usize]) -> (Vec<Decision>, bool) {
         if which.is_empty() {
-            return Vec::new();
+            return (Vec::new(), false);
         }
         let checks: Vec<Check<'_>> = which
             .iter()
             .map(|&i| Check::new(&planned[i].key, &planned[i].policy, planned[i].cost))
             .collect();
         match self.store.check(&checks).await {
-            Ok(decisions) => decisions.into_iter().map(|d| (d, false)).collect(),
+            Ok(decisions) => (decisions, false),
             Err(e) => {
                 let before = self.metrics.store_error();
                 // The first errors of an outage, then every power of two: enough to see it
@@ -463,11 +476,9 @@ impl Limiter {
                             .map_or(OnStoreError::Allow, |r| r.on_store_error)
                     })
                     .collect();
-                decide_without_store(&checks, &modes, &self.local, self.deny_retry)
-                    .await
-                    .into_iter()
-                    .map(|d| (d, true))
-                    .collect()
+                let decisions =
+                    decide_without_store(&checks, &modes, &self.local, self.deny_retry).await;
+                (decisions, true)
             }
         }
     }

@@ -7,7 +7,6 @@
 //! hop-by-hop fields are dropped as RFC 9110 §7.6.1 asks.
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -31,7 +30,7 @@ use tokio::task::JoinHandle;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::client_ip::X_FORWARDED_FOR;
+use crate::client_ip::{X_FORWARDED_FOR, push_ip};
 use crate::enforce::DEFAULT_MAX_DELAYED;
 use crate::limiter::Limiter;
 use crate::middleware::{PeerAddr, RateLimitLayer};
@@ -296,36 +295,6 @@ fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
     push_ip(&mut value, ip);
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
         headers.insert(FORWARDED_FOR.clone(), v);
-    }
-}
-
-/// Writes `ip` as `Display` does. An IPv4 address is written by hand: `Display` pads through
-/// the formatter, which cost more than the rest of the field.
-fn push_ip(out: &mut String, ip: IpAddr) {
-    match ip {
-        IpAddr::V4(v4) => {
-            let mut text = [0u8; 15];
-            let mut n = 0;
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    text[n] = b'.';
-                    n += 1;
-                }
-                for (digit, shown) in [(octet / 100, octet >= 100), (octet / 10 % 10, octet >= 10)]
-                {
-                    if shown {
-                        text[n] = b'0' + digit;
-                        n += 1;
-                    }
-                }
-                text[n] = b'0' + octet % 10;
-                n += 1;
-            }
-            out.push_str(std::str::from_utf8(&text[..n]).unwrap_or_default());
-        }
-        IpAddr::V6(v6) => {
-            let _ = write!(out, "{v6}");
-        }
     }
 }
 
