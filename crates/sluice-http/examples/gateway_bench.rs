@@ -38,6 +38,11 @@ use hyper_util::rt::TokioIo;
 use sluice_core::MemoryStore;
 use sluice_http::{Limiter, Metrics, Proxy, ProxyOptions};
 
+/// The allocator `sluice proxy` runs with, so that the gateway measured here costs what the
+/// binary's does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const RULES: &str = r#"
 domain: bench
 descriptors:
