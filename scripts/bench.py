@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Benchmarks of the built binaries with `sluice bench`, each against a baseline in the same run.
 
-    python3 scripts/bench.py [service|redis|gateway ...] [--runs 3] [--secs 5]
+    python3 scripts/bench.py [service|redis|gateway ...] [--runs 3] [--secs 5] [--pin]
 
 - service: `sluice serve` on the memory store, HTTP `/json` and gRPC, against the trivial
   upstream (`sluice bench upstream`) answering the same POST.
 - redis: `sluice serve --store redis://` against `redis-benchmark -P 16` running the same
   EVALSHA (the ceiling of one Redis core with this script), then p50/p99 at half load.
 - gateway: `sluice proxy` in front of the trivial upstream against the upstream direct, at
-  maximum and at a fixed rate of half the proxied maximum.
+  maximum and at a fixed rate of half the proxied maximum. With --pin the gateway has a CPU of
+  its own and everything else shares the rest.
 
 Every server runs in its own process on loopback; the generator is one more, on one thread.
 Runs are interleaved (one of each, then again) and the medians printed as Markdown tables.
@@ -64,8 +65,13 @@ def wait_port(port, what):
     sys.exit(f"{what} never listened on {port}")
 
 
-def start(args, log):
-    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+def pinned(args, cpus):
+    """`args` run on `cpus` only (a `taskset` list such as "0" or "1-3"), or anywhere if None."""
+    return ["taskset", "-c", cpus, *args] if cpus else args
+
+
+def start(args, log, cpus=None):
+    p = subprocess.Popen(pinned(args, cpus), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
     children.append(p)
     return p
 
@@ -81,12 +87,12 @@ def stop_all():
             p.kill()
 
 
-def bench(kind, target, *extra, secs, rate=None, concurrency=64):
+def bench(kind, target, *extra, secs, rate=None, concurrency=64, cpus=None):
     args = [BIN, "bench", kind, target, "--json", "--duration", f"{secs}s", "--warmup", "1s",
             "--keys", str(KEYS), "-c", str(concurrency), *extra]
     if rate:
         args += ["--rate", str(rate)]
-    out = subprocess.run(args, capture_output=True, text=True)
+    out = subprocess.run(pinned(args, cpus), capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"{' '.join(args)} failed:\n{out.stderr}")
     report = json.loads(out.stdout)
@@ -191,28 +197,34 @@ def redis(tmp, runs, secs):
     print(row(f"gRPC at {half:,.0f}/s (half load)", gr_half, c))
 
 
-def gateway(tmp, runs, secs):
+def gateway(tmp, runs, secs, pin=False):
     rules = os.path.join(tmp, "rules.yaml")
     up_port, proxy_port = free_port(), free_port()
     log = open(os.path.join(tmp, "gateway.log"), "w")
-    start([BIN, "bench", "upstream", "--listen", f"127.0.0.1:{up_port}"], log)
+    # With --pin, the gateway has the last CPU to itself; the generator and the upstream share
+    # the others, in both the direct and the proxied runs.
+    last = (os.cpu_count() or 1) - 1
+    rest = (f"0-{last - 1}" if last > 1 else "0") if pin and last > 0 else None
+    own = str(last) if rest else None
+    start([BIN, "bench", "upstream", "--listen", f"127.0.0.1:{up_port}"], log, cpus=rest)
     start([BIN, "proxy", "--config", rules, "--listen", f"127.0.0.1:{proxy_port}",
-           "--upstream", f"http://127.0.0.1:{up_port}"], log)
+           "--upstream", f"http://127.0.0.1:{up_port}"], log, cpus=own)
     wait_port(up_port, "the upstream")
     wait_port(proxy_port, "the gateway")
     direct_url = f"http://127.0.0.1:{up_port}/api/items/{{n}}"
     proxy_url = f"http://127.0.0.1:{proxy_port}/api/items/{{n}}"
     direct, proxied = [], []
     for _ in range(runs):
-        direct.append(bench("http", direct_url, secs=secs))
-        proxied.append(bench("http", proxy_url, secs=secs))
+        direct.append(bench("http", direct_url, secs=secs, cpus=rest))
+        proxied.append(bench("http", proxy_url, secs=secs, cpus=rest))
     half = med([r["throughput"] for r in proxied]) / 2
     direct_half, proxied_half = [], []
     for _ in range(runs):
-        direct_half.append(bench("http", direct_url, secs=secs, rate=round(half)))
-        proxied_half.append(bench("http", proxy_url, secs=secs, rate=round(half)))
+        direct_half.append(bench("http", direct_url, secs=secs, rate=round(half), cpus=rest))
+        proxied_half.append(bench("http", proxy_url, secs=secs, rate=round(half), cpus=rest))
     d = med([r["throughput"] for r in direct])
-    header(f"Gateway, GET /api/items/{{n}}, 64 workers, {runs} × {secs} s")
+    placement = f", gateway alone on CPU {own}" if own else ""
+    header(f"Gateway, GET /api/items/{{n}}, 64 workers, {runs} × {secs} s{placement}")
     print(row("trivial upstream direct (**baseline**), closed loop", direct))
     print(row("through `sluice proxy`, closed loop", proxied, d))
     print(row(f"direct at {half:,.0f}/s (half the proxied maximum)", direct_half, d))
@@ -228,6 +240,8 @@ def main():
     parser.add_argument("what", nargs="*", default=["service", "redis", "gateway"])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--secs", type=int, default=5)
+    parser.add_argument("--pin", action="store_true",
+                        help="gateway: give the gateway a CPU of its own (taskset)")
     args = parser.parse_args()
     subprocess.run(["cargo", "build", "--release", "--bin", "sluice"], cwd=ROOT, check=True)
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
@@ -236,7 +250,10 @@ def main():
             f.write(RULES)
         try:
             for what in args.what:
-                {"service": service, "redis": redis, "gateway": gateway}[what](tmp, args.runs, args.secs)
+                if what == "gateway":
+                    gateway(tmp, args.runs, args.secs, pin=args.pin)
+                else:
+                    {"service": service, "redis": redis}[what](tmp, args.runs, args.secs)
                 stop_all()
                 children.clear()
         finally:
