@@ -61,4 +61,4 @@ pub use decision::Decision;
 pub use fallback::{OnStoreError, UnknownOnStoreError, decide_without_store};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder, unconsumed};
 pub use policy::{Algorithm, Policy, PolicyError, Rate, UnknownAlgorithm};
-pub use store::{BoxFuture, Check, DynStore, Store, StoreError, StoreResult};
+pub use store::{BoxFuture, Check, DynStore, Store, StoreError, StoreResult, UnsupportedPolicy};

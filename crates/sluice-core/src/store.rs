@@ -57,6 +57,17 @@ impl StoreError {
     }
 }
 
+/// A policy that a store cannot hold, and why. Stores report it when rules load, so that such a
+/// rule is refused with its location instead of failing every request it applies to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the {store} store cannot hold this policy: {reason}")]
+pub struct UnsupportedPolicy {
+    /// The store, by the scheme of its `--store` URL, such as `redis`.
+    pub store: &'static str,
+    /// What the store cannot hold, and what to do instead.
+    pub reason: String,
+}
+
 /// The result of a store call.
 pub type StoreResult<T> = Result<T, StoreError>;
 
@@ -83,6 +94,16 @@ pub trait Store: Send + Sync + 'static {
     fn tracked_keys(&self) -> Option<usize> {
         None
     }
+
+    /// Whether the store can hold `policy` at all. Callers ask once per rule when rules load,
+    /// and refuse a rule the store cannot hold then: its checks would otherwise each fail with
+    /// [`StoreError::Rejected`], and the rule's `on_store_error` would quietly decide instead.
+    /// A store that delegates to another asks the store that holds the counters.
+    ///
+    /// The default accepts every policy, as the memory store does.
+    fn supports(&self, _policy: &Policy) -> Result<(), UnsupportedPolicy> {
+        Ok(())
+    }
 }
 
 /// A boxed future, for [`DynStore`].
@@ -100,6 +121,8 @@ pub trait DynStore: Send + Sync + 'static {
     fn reset<'a>(&'a self, key: &'a str) -> BoxFuture<'a, StoreResult<bool>>;
     /// See [`Store::tracked_keys`].
     fn tracked_keys(&self) -> Option<usize>;
+    /// See [`Store::supports`].
+    fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy>;
 }
 
 impl<S: Store> DynStore for S {
@@ -121,5 +144,9 @@ impl<S: Store> DynStore for S {
 
     fn tracked_keys(&self) -> Option<usize> {
         Store::tracked_keys(self)
+    }
+
+    fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
+        Store::supports(self, policy)
     }
 }

@@ -330,3 +330,19 @@ fn eviction_frees_an_eighth_even_when_expiries_tie() {
         "one pass drops an eighth of the shard"
     );
 }
+
+/// The memory store holds what the redis store cannot: windows and backlogs beyond 104 days, and
+/// limits beyond 2⁵³. It says so through `Store` and `DynStore` alike.
+#[test]
+fn the_memory_store_holds_every_policy() {
+    let (_, store) = frozen_store();
+    let year = Duration::from_secs(365 * 86_400);
+    let shared: &dyn sluice_core::DynStore = &store;
+    for policy in [
+        Policy::from(FixedWindow::new(u64::MAX, year, Alignment::FirstRequest).unwrap()),
+        Gcra::new(Rate::per_second(1), 10_000_000).unwrap().into(),
+    ] {
+        assert_eq!(sluice_core::Store::supports(&store, &policy), Ok(()));
+        assert_eq!(shared.supports(&policy), Ok(()));
+    }
+}

@@ -19,7 +19,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sluice_core::{Alignment, Decision, Policy, StoreError, Timestamp};
+use sluice_core::{Alignment, Decision, Policy, Rate, StoreError, Timestamp};
 
 /// The largest integer Lua (doubles) holds exactly: every number a script sees stays below it.
 pub(crate) const EXACT: u64 = 1 << 53;
@@ -30,36 +30,115 @@ pub(crate) const ARGS_PER_CHECK: usize = 7;
 /// How many values the check script returns per check.
 pub(crate) const REPLY_PER_CHECK: usize = 6;
 
-/// A parameter the script can hold exactly, or a refusal naming it.
-fn exact(what: &str, value: u64) -> Result<u64, StoreError> {
+/// Why the redis store cannot hold a length, for messages.
+const EXACT_SPAN: &str = "about 104 days: its scripts compute in Lua doubles, exact below 2^53 ns";
+
+/// Checks that the check script can hold every number of `policy` exactly, or says which one it
+/// cannot and what to do instead. This is the one statement of what the redis store can hold:
+/// [`push_check`] checks it before every call, and `RedisStore::supports` once per rule when
+/// rules load, so that such a rule is refused then rather than failing each request.
+pub(crate) fn check_exact(policy: &Policy) -> Result<(), String> {
+    match policy {
+        Policy::TokenBucket(tb) => {
+            exact("capacity", tb.capacity())?;
+            exact_rate(tb.rate())?;
+        }
+        Policy::Gcra(g) => {
+            exact("burst", g.burst())?;
+            let interval = exact_nanos("emission interval", g.emission_interval())?;
+            exact_backlog("burst", g.burst(), interval)?;
+        }
+        Policy::LeakyQueue(q) => {
+            exact("queue capacity", q.capacity())?;
+            let interval = exact_nanos("release interval", q.release_interval())?;
+            // A queue with a rate of 0 admits nothing, so its capacity builds no backlog.
+            if q.rate().amount() > 0 {
+                exact_backlog("queue capacity", q.capacity(), interval)?;
+            }
+        }
+        Policy::FixedWindow(fw) => {
+            exact("limit", fw.limit())?;
+            exact_nanos("window", fw.window())?;
+        }
+        // The core bounds these two limits far below 2^53.
+        Policy::SlidingLog(sl) => {
+            exact_nanos("window", sl.window())?;
+        }
+        Policy::SlidingCounter(sc) => {
+            exact_nanos("window", sc.window())?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a count the script cannot hold exactly, naming it.
+fn exact(what: &str, value: u64) -> Result<(), String> {
     if value < EXACT {
-        Ok(value)
+        Ok(())
     } else {
-        Err(StoreError::Rejected(format!(
-            "the {what} {value} is too large for the redis store, which computes in Lua doubles \
-             (at most 2^53 - 1, about 104 days in nanoseconds); use a smaller {what}, or the \
-             memory store"
-        )))
+        Err(format!(
+            "the {what} of {value} is more than the redis store can hold (below 2^53: its \
+             scripts compute in Lua doubles); lower it, or use the memory store"
+        ))
     }
 }
 
-/// A duration in nanoseconds that the script can hold exactly, or a refusal.
-fn exact_nanos(what: &str, d: Duration) -> Result<u64, StoreError> {
-    exact(what, u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+/// A length in nanoseconds that the script can hold exactly, or a refusal naming it.
+fn exact_nanos(what: &str, d: Duration) -> Result<u64, String> {
+    match u64::try_from(d.as_nanos()) {
+        Ok(n) if n < EXACT => Ok(n),
+        _ => Err(format!(
+            "the {what} of {} is longer than the redis store can hold ({EXACT_SPAN}); shorten \
+             it, or use the memory store",
+            days(d.as_nanos())
+        )),
+    }
 }
 
 /// A backlog of `count` intervals of `interval` ns that the script can hold exactly, or a
 /// refusal. GCRA and the queue store a time up to `count` intervals ahead of now, and compare
 /// backlogs with that product: beyond 2⁵³ ns a double would round it.
-fn exact_backlog(what: &str, count: u64, interval: u64) -> Result<(), StoreError> {
-    match count.checked_mul(interval) {
-        Some(span) if span < EXACT => Ok(()),
-        _ => Err(StoreError::Rejected(format!(
-            "a {what} of {count} at {interval} ns each takes 2^53 ns (about 104 days) or more to \
-             drain, longer than the redis store computes exactly in Lua doubles; lower the \
-             {what} or raise the rate, or use the memory store"
-        ))),
+fn exact_backlog(what: &str, count: u64, interval: u64) -> Result<(), String> {
+    let span = u128::from(count) * u128::from(interval);
+    if span < u128::from(EXACT) {
+        Ok(())
+    } else {
+        Err(format!(
+            "a {what} of {count} takes {} to drain at its rate, longer than the redis store can \
+             hold ({EXACT_SPAN}); lower the {what} or raise the rate, or use the memory store",
+            days(span)
+        ))
     }
+}
+
+/// A refill rate whose lowest terms the script can hold exactly, or a refusal.
+fn exact_rate(rate: Rate) -> Result<(), String> {
+    let (amount, per) = reduced(rate.amount(), rate.per());
+    exact("refill amount in lowest terms", amount)?;
+    if per < EXACT {
+        Ok(())
+    } else {
+        Err(format!(
+            "the refill rate is {amount} per {} in lowest terms, a period longer than the redis \
+             store can hold ({EXACT_SPAN}); raise the rate, or use the memory store",
+            days(u128::from(per))
+        ))
+    }
+}
+
+/// A length of about a day or more, for a message: `200d`, or `104.2 days` when not whole.
+fn days(nanos: u128) -> String {
+    const DAY: u128 = 86_400 * 1_000_000_000;
+    if nanos % DAY == 0 {
+        format!("{}d", nanos / DAY)
+    } else {
+        format!("{:.1} days", nanos as f64 / DAY as f64)
+    }
+}
+
+/// The nanoseconds of a length that [`check_exact`] has accepted.
+fn nanos_of(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -81,7 +160,7 @@ pub(crate) fn app_now(offset_nanos: i64) -> Timestamp {
 }
 
 /// Appends the seven arguments of one check to `args`. `token` is the refund token (empty for a
-/// check).
+/// check). A policy the script cannot hold exactly is refused here too, not rounded.
 pub(crate) fn push_check(
     args: &mut Vec<String>,
     policy: &Policy,
@@ -89,6 +168,7 @@ pub(crate) fn push_check(
     now: Timestamp,
     token: &str,
 ) -> Result<(), StoreError> {
+    check_exact(policy).map_err(StoreError::Rejected)?;
     // Every limit is below EXACT, so a larger cost is refused as permanently as the real one.
     let cost = cost.min(EXACT);
     let (code, p): (u8, [String; 4]) = match policy {
@@ -97,49 +177,33 @@ pub(crate) fn push_check(
             (
                 1,
                 [
-                    exact("capacity", tb.capacity())?.to_string(),
-                    exact("refill amount", amount)?.to_string(),
-                    exact("refill period", per)?.to_string(),
+                    tb.capacity().to_string(),
+                    amount.to_string(),
+                    per.to_string(),
                     String::new(),
                 ],
             )
         }
-        Policy::Gcra(g) => {
-            let burst = exact("burst", g.burst())?;
-            let interval = exact_nanos("emission interval", g.emission_interval())?;
-            exact_backlog("burst", burst, interval)?;
-            (
-                2,
-                [
-                    burst.to_string(),
-                    interval.to_string(),
-                    String::new(),
-                    String::new(),
-                ],
-            )
-        }
-        Policy::LeakyQueue(q) => {
-            let rate = q.rate();
-            let interval = u64::try_from(q.release_interval().as_nanos()).unwrap_or(u64::MAX);
-            let max_wait = u64::try_from(q.max_wait().as_nanos()).unwrap_or(u64::MAX);
-            let capacity = exact("queue capacity", q.capacity())?;
-            let interval = exact("release interval", interval)?;
-            if rate.amount() > 0 {
-                exact_backlog("queue capacity", capacity, interval)?;
-            }
-            (
-                3,
-                [
-                    capacity.to_string(),
-                    interval.to_string(),
-                    // A wait beyond the exact range is as good as unbounded.
-                    max_wait.min(EXACT - 1).to_string(),
-                    u8::from(rate.amount() == 0).to_string(),
-                ],
-            )
-        }
+        Policy::Gcra(g) => (
+            2,
+            [
+                g.burst().to_string(),
+                nanos_of(g.emission_interval()).to_string(),
+                String::new(),
+                String::new(),
+            ],
+        ),
+        Policy::LeakyQueue(q) => (
+            3,
+            [
+                q.capacity().to_string(),
+                nanos_of(q.release_interval()).to_string(),
+                // A wait beyond the exact range is as good as unbounded.
+                nanos_of(q.max_wait()).min(EXACT - 1).to_string(),
+                u8::from(q.rate().amount() == 0).to_string(),
+            ],
+        ),
         Policy::FixedWindow(fw) => {
-            let window = exact_nanos("window", fw.window())?;
             let (aligned, reference) = match fw.alignment() {
                 Alignment::Clock { .. } => (1, fw.window_start(Timestamp::EPOCH, now)),
                 Alignment::FirstRequest => (0, Timestamp::EPOCH),
@@ -147,8 +211,8 @@ pub(crate) fn push_check(
             (
                 4,
                 [
-                    exact("limit", fw.limit())?.to_string(),
-                    window.to_string(),
+                    fw.limit().to_string(),
+                    nanos_of(fw.window()).to_string(),
                     aligned.to_string(),
                     reference.as_nanos().to_string(),
                 ],
@@ -158,13 +222,13 @@ pub(crate) fn push_check(
             5,
             [
                 sl.limit().to_string(),
-                exact_nanos("window", sl.window())?.to_string(),
+                nanos_of(sl.window()).to_string(),
                 String::new(),
                 String::new(),
             ],
         ),
         Policy::SlidingCounter(sc) => {
-            let window = exact_nanos("window", sc.window())?;
+            let window = nanos_of(sc.window());
             let n = now.as_nanos();
             (
                 6,
@@ -186,7 +250,7 @@ pub(crate) fn push_check(
 
 /// A rate of `amount` per `per` in lowest terms, `per` in nanoseconds.
 fn reduced(amount: u64, per: Duration) -> (u64, u64) {
-    let per = u64::try_from(per.as_nanos()).unwrap_or(u64::MAX);
+    let per = nanos_of(per);
     match gcd(amount, per) {
         0 => (amount, per),
         g => (amount / g, per / g),
@@ -252,47 +316,127 @@ pub(crate) fn decode_replies(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::{Gcra, LeakyQueue, Rate, TokenBucket};
+    use sluice_core::{FixedWindow, Gcra, LeakyQueue, SlidingCounter, SlidingLog, TokenBucket};
+
+    const DAY: Duration = Duration::from_secs(86_400);
+    /// The longest length the script holds exactly: 2⁵³ - 1 ns, a little over 104 days.
+    const LONGEST: Duration = Duration::from_nanos(EXACT - 1);
+    /// The largest burst or queue capacity at one per second: 104 days' worth.
+    const LARGEST_AT_ONE_PER_SECOND: u64 = (EXACT - 1) / 1_000_000_000;
+
+    #[test]
+    fn windows_are_held_up_to_104_days() {
+        let windows: [fn(Duration) -> Policy; 4] = [
+            |w| {
+                FixedWindow::new(10, w, Alignment::FirstRequest)
+                    .unwrap()
+                    .into()
+            },
+            |w| {
+                let clock = Alignment::Clock { utc_offset_secs: 0 };
+                FixedWindow::new(10, w, clock).unwrap().into()
+            },
+            |w| SlidingLog::new(10, w).unwrap().into(),
+            |w| SlidingCounter::new(10, w).unwrap().into(),
+        ];
+        for window in windows {
+            assert_eq!(check_exact(&window(LONGEST)), Ok(()));
+            let err = check_exact(&window(200 * DAY)).unwrap_err();
+            assert!(
+                err.starts_with(
+                    "the window of 200d is longer than the redis store can hold (about 104 days"
+                ),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn counts_are_held_below_2_pow_53() {
+        let bucket =
+            |capacity| Policy::from(TokenBucket::new(capacity, Rate::per_second(1)).unwrap());
+        assert_eq!(check_exact(&bucket(EXACT - 1)), Ok(()));
+        let err = check_exact(&bucket(EXACT)).unwrap_err();
+        assert!(
+            err.starts_with("the capacity of 9007199254740992 is more than"),
+            "{err}"
+        );
+        let window =
+            |limit| Policy::from(FixedWindow::new(limit, DAY, Alignment::FirstRequest).unwrap());
+        assert_eq!(check_exact(&window(EXACT - 1)), Ok(()));
+        assert!(
+            check_exact(&window(EXACT))
+                .unwrap_err()
+                .contains("the limit of")
+        );
+    }
+
+    #[test]
+    fn token_bucket_rates_are_held_by_their_period_in_lowest_terms() {
+        let bucket = |amount, per| {
+            Policy::from(TokenBucket::new(10, Rate::new(amount, per).unwrap()).unwrap())
+        };
+        assert_eq!(check_exact(&bucket(1, 104 * DAY)), Ok(()));
+        // 365 a year is one a day, however long the year.
+        assert_eq!(check_exact(&bucket(365, 365 * DAY)), Ok(()));
+        let err = check_exact(&bucket(1, 200 * DAY)).unwrap_err();
+        assert!(
+            err.starts_with("the refill rate is 1 per 200d in lowest terms"),
+            "{err}"
+        );
+        let err = check_exact(&bucket(3, 365 * DAY)).unwrap_err();
+        assert!(err.contains("1 per 121.7 days"), "{err}");
+    }
+
+    #[test]
+    fn gcra_is_held_while_its_burst_drains_within_104_days() {
+        let gcra = |burst| Policy::from(Gcra::new(Rate::per_second(1), burst).unwrap());
+        assert_eq!(check_exact(&gcra(LARGEST_AT_ONE_PER_SECOND)), Ok(()));
+        let err = check_exact(&gcra(LARGEST_AT_ONE_PER_SECOND + 1)).unwrap_err();
+        assert!(
+            err.starts_with("a burst of 9007200 takes 104.2 days to drain at its rate"),
+            "{err}"
+        );
+        // A burst of 0 drains at once, but its emission interval is passed as it is.
+        let slow = Rate::new(1, 200 * DAY).unwrap();
+        let err = check_exact(&Gcra::new(slow, 0).unwrap().into()).unwrap_err();
+        assert!(
+            err.starts_with("the emission interval of 200d is longer"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_queue_is_held_while_it_drains_within_104_days() {
+        let queue = |rate, size| Policy::from(LeakyQueue::new(rate, size, DAY).unwrap());
+        let largest = LARGEST_AT_ONE_PER_SECOND - 1; // the capacity is the size plus one
+        assert_eq!(check_exact(&queue(Rate::per_second(1), largest)), Ok(()));
+        let err = check_exact(&queue(Rate::per_second(1), largest + 1)).unwrap_err();
+        assert!(
+            err.starts_with("a queue capacity of 9007200 takes 104.2 days"),
+            "{err}"
+        );
+        // A queue with a rate of 0 admits nothing, so its capacity builds no backlog.
+        assert_eq!(
+            check_exact(&queue(Rate::per_second(0), largest + 1)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn every_call_refuses_what_loading_refuses() {
+        let p = Policy::from(SlidingLog::new(10, 200 * DAY).unwrap());
+        let mut args = Vec::new();
+        let err = push_check(&mut args, &p, 1, Timestamp::from_secs(1), "").unwrap_err();
+        assert_eq!(err, StoreError::Rejected(check_exact(&p).unwrap_err()));
+        assert!(args.is_empty());
+    }
 
     #[test]
     fn rates_are_reduced_to_lowest_terms() {
         assert_eq!(reduced(10, Duration::from_secs(1)), (1, 100_000_000));
         assert_eq!(reduced(3, Duration::from_secs(1)), (3, 1_000_000_000));
         assert_eq!(reduced(0, Duration::from_secs(1)), (0, 1));
-    }
-
-    #[test]
-    fn parameters_beyond_doubles_are_refused_not_rounded() {
-        let p = Policy::from(TokenBucket::new(EXACT, Rate::per_second(1)).unwrap());
-        let mut args = Vec::new();
-        let err = push_check(&mut args, &p, 1, Timestamp::from_secs(1), "").unwrap_err();
-        assert!(!err.is_transient());
-        assert!(err.to_string().contains("capacity"));
-    }
-
-    #[test]
-    fn backlogs_beyond_doubles_are_refused_not_rounded() {
-        let largest = (EXACT - 1) / 1_000_000_000;
-        let mut args = Vec::new();
-        let now = Timestamp::from_secs(1);
-        for burst in [largest, largest + 1] {
-            let p = Policy::from(Gcra::new(Rate::per_second(1), burst).unwrap());
-            let refused = push_check(&mut args, &p, 1, now, "").is_err();
-            assert_eq!(refused, burst > largest, "burst {burst}");
-        }
-        let hour = Duration::from_secs(3600);
-        for size in [largest - 1, largest] {
-            let p = Policy::from(LeakyQueue::new(Rate::per_second(1), size, hour).unwrap());
-            let err = push_check(&mut args, &p, 1, now, "").err();
-            assert_eq!(err.is_some(), size == largest, "queue size {size}");
-            if let Some(err) = err {
-                assert!(!err.is_transient());
-                assert!(err.to_string().contains("104 days"), "{err}");
-            }
-        }
-        // A queue with a rate of 0 admits nothing, so its capacity builds no backlog.
-        let p = Policy::from(LeakyQueue::new(Rate::per_second(0), largest, hour).unwrap());
-        assert!(push_check(&mut args, &p, 1, now, "").is_ok());
     }
 
     #[test]

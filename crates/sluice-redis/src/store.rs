@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use redis::{RedisError, RedisResult, Value};
-use sluice_core::{Check, Decision, Policy, Store, StoreError, StoreResult, Timestamp};
+use sluice_core::{
+    Check, Decision, Policy, Store, StoreError, StoreResult, Timestamp, UnsupportedPolicy,
+};
 
 use crate::breaker::{Breaker, BreakerState, Permit};
 use crate::connection::{Connection, Script, is_transient};
-use crate::encode::{ARGS_PER_CHECK, Reply, app_now, decode_replies, push_check};
+use crate::encode::{ARGS_PER_CHECK, Reply, app_now, check_exact, decode_replies, push_check};
 use crate::keys::{counter_key, escape, slot};
 use crate::scripts;
 use crate::url::{RedisUrl, Topology};
@@ -470,5 +472,15 @@ impl Store for RedisStore {
 
     async fn reset(&self, key: &str) -> StoreResult<bool> {
         self.remove(key).await
+    }
+
+    /// Refuses a policy with a number that Lua's doubles cannot hold exactly: a count of 2⁵³ or
+    /// more, a window or period of about 104 days or more, or a GCRA or queue backlog that takes
+    /// that long to drain.
+    fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
+        check_exact(policy).map_err(|reason| UnsupportedPolicy {
+            store: "redis",
+            reason,
+        })
     }
 }

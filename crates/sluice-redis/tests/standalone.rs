@@ -9,7 +9,7 @@ use std::time::Duration;
 use harness::{
     fifty_per_hour, name, offset_to_window_start, shared_server, standalone_backend, test_options,
 };
-use sluice_core::{Alignment, Check, FixedWindow, Policy, SlidingCounter, Store};
+use sluice_core::{Alignment, Check, FixedWindow, Policy, SlidingCounter, Store, StoreError};
 use sluice_redis::RedisStore;
 
 sluice_core::backend_suite!(standalone_backend());
@@ -193,6 +193,30 @@ async fn a_key_that_changes_algorithm_starts_afresh() {
             assert_eq!(d[0].remaining, expected, "{} then {}", name(a), name(b));
         }
     }
+}
+
+/// A policy whose numbers Lua's doubles cannot hold is refused up front through the store
+/// contract, which is how rules are refused when they load; a check of it is refused with the
+/// same reason, never rounded.
+#[tokio::test]
+async fn policies_beyond_lua_doubles_are_refused_up_front() {
+    let server = shared_server();
+    let store = RedisStore::connect(&server.url(), test_options())
+        .await
+        .unwrap();
+    let day = Duration::from_secs(86_400);
+    let held = Policy::from(SlidingCounter::new(10, 30 * day).unwrap());
+    let too_long = Policy::from(SlidingCounter::new(10, 200 * day).unwrap());
+    assert_eq!(Store::supports(&store, &held), Ok(()));
+    let shared: Arc<dyn sluice_core::DynStore> = Arc::new(store.clone());
+    let refused = shared.supports(&too_long).unwrap_err();
+    assert_eq!(refused.store, "redis");
+    assert!(refused.reason.contains("window of 200d"), "{refused}");
+    let err = store
+        .check(&[Check::new("too_long", &too_long, 1)])
+        .await
+        .unwrap_err();
+    assert_eq!(err, StoreError::Rejected(refused.reason));
 }
 
 /// `redis+sentinel://` finds the master through a real Sentinel and limits on it.

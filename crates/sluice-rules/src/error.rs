@@ -3,10 +3,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use sluice_core::PolicyError;
+use sluice_core::{PolicyError, UnsupportedPolicy};
 
 /// A position in a rule file. Lines and columns count from 1, as editors and compilers show them.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Positions order by file, then line, then column.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Location {
     /// The file as it was given (not canonicalized), so the message matches what the operator
     /// typed or mounted.
@@ -271,6 +272,18 @@ pub enum ErrorKind {
         name: String,
         /// Where it should be defined.
         hint: &'static str,
+    },
+    /// A limit that the store in use cannot hold, found when the rules are checked against it.
+    #[error(
+        "rule \"{rule}\" cannot be held by the {} store: {}",
+        .unsupported.store,
+        .unsupported.reason
+    )]
+    Unsupported {
+        /// The limit's `name`, or else its descriptor path, such as `api/user`.
+        rule: String,
+        /// Which store, and why it cannot.
+        unsupported: UnsupportedPolicy,
     },
     /// The gateway section (`routes`, `trusted_proxies`) in two files.
     #[error("`{field}` is already set at {first}; the gateway's routes live in one file")]

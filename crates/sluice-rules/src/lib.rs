@@ -12,7 +12,8 @@
 //!   shared [`sluice_core::Policy`], a cost and the rule's action, ready for
 //!   [`sluice_core::Store::check`].
 //! - [`Reloader`] keeps a rule set current as its files change, swapping it atomically and
-//!   keeping the old one when the new files are invalid.
+//!   keeping the old one when the new files are invalid, or hold a rule the store cannot
+//!   ([`RuleSet::check_supported`]).
 //!
 //! ```
 //! use sluice_rules::RuleSet;

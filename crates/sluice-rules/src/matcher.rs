@@ -171,6 +171,18 @@ struct Level {
     keys: HashMap<Box<str>, KeyRules>,
 }
 
+impl Level {
+    /// The nodes at this depth, not their children.
+    fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.keys.values().flat_map(|k| {
+            k.exact
+                .values()
+                .chain(k.prefixes.iter().flat_map(|(_, map)| map.values()))
+                .chain(k.any.as_deref())
+        })
+    }
+}
+
 /// The rules for one entry key at one depth.
 #[derive(Debug, Default)]
 struct KeyRules {
@@ -216,6 +228,17 @@ impl CompiledDomain {
             key_prefix,
             root,
         }
+    }
+
+    /// Every rule of the domain, in no particular order.
+    pub(crate) fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
+        let mut pending: Vec<&Node> = self.root.nodes().collect();
+        std::iter::from_fn(move || {
+            let node = pending.pop()?;
+            pending.extend(node.children.nodes());
+            Some(node)
+        })
+        .flat_map(|node| &node.limits)
     }
 
     /// The node where a request descriptor ends, if any.

@@ -28,7 +28,7 @@ use crate::ruleset::RuleSet;
 pub struct ReloadStats {
     /// Reloads that swapped in a new rule set.
     pub reloads: AtomicU64,
-    /// Reloads that found invalid files and kept the old rules.
+    /// Reloads that found invalid files, or rules failing the check, and kept the old rules.
     pub failures: AtomicU64,
     /// Reloads that found the files unchanged and swapped nothing.
     pub unchanged: AtomicU64,
@@ -44,14 +44,20 @@ pub enum ReloadEvent {
     },
     /// The files were the same as the rules in force; nothing changed.
     Unchanged,
-    /// The files are invalid; the rules in force stay. The error has every `file:line:col`.
+    /// The files are invalid, or their rules fail the reloader's check; the rules in force
+    /// stay. The error has every `file:line:col`.
     Failed(LoadError),
 }
 
+/// What a rule set must pass, beyond being valid, before it is put in force.
+type RuleCheck = Box<dyn Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync>;
+
 /// Holds the rule set in force and replaces it, atomically, when its files change.
-#[derive(Debug)]
 pub struct Reloader {
     sources: Vec<PathBuf>,
+    /// Run on every rule set read from the sources, the first included: such as whether the
+    /// store can hold every rule. A set that fails it is refused as an invalid file is.
+    check: RuleCheck,
     current: ArcSwap<RuleSet>,
     stats: ReloadStats,
     last_error: Mutex<Option<LoadError>>,
@@ -64,9 +70,23 @@ impl Reloader {
     /// Loads `sources` (files or directories). The first load must succeed: a process should not
     /// start on rules it cannot read.
     pub fn new(sources: Vec<PathBuf>) -> Result<Arc<Self>, LoadError> {
-        let rules = RuleSet::load_all(&sources)?;
+        Self::with_check(sources, |_| Ok(()))
+    }
+
+    /// Loads `sources` as [`Reloader::new`] does, and holds every rule set read from them, the
+    /// first included, to `check` as well: a set that fails it is refused exactly as an invalid
+    /// file is. The first load fails with its error, and a reload keeps the rules in force and
+    /// reports it. This is how a service refuses rules its store cannot hold (see
+    /// [`RuleSet::check_supported`]).
+    pub fn with_check(
+        sources: Vec<PathBuf>,
+        check: impl Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync + 'static,
+    ) -> Result<Arc<Self>, LoadError> {
+        let check: RuleCheck = Box::new(check);
+        let rules = load(&sources, &check)?;
         Ok(Arc::new(Reloader {
             sources,
+            check,
             current: ArcSwap::from_pointee(rules),
             stats: ReloadStats::default(),
             last_error: Mutex::new(None),
@@ -80,6 +100,7 @@ impl Reloader {
     pub fn fixed(rules: RuleSet) -> Arc<Self> {
         Arc::new(Reloader {
             sources: Vec::new(),
+            check: Box::new(|_| Ok(())),
             current: ArcSwap::from_pointee(rules),
             stats: ReloadStats::default(),
             last_error: Mutex::new(None),
@@ -116,8 +137,8 @@ impl Reloader {
         rx
     }
 
-    /// Reads the files again now. A valid, changed set replaces the one in force; an invalid
-    /// one leaves it in force and is reported.
+    /// Reads the files again now. A valid, changed set that passes the check replaces the one
+    /// in force; any other leaves it in force and is reported.
     pub fn reload_now(&self) -> ReloadEvent {
         let _serial = lock(&self.reloading);
         if self.sources.is_empty() {
@@ -125,7 +146,7 @@ impl Reloader {
             self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
             return ReloadEvent::Unchanged;
         }
-        let event = match RuleSet::load_all(&self.sources) {
+        let event = match load(&self.sources, &self.check) {
             Ok(rules) if rules.fingerprint() == self.current.load().fingerprint() => {
                 self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
                 *lock(&self.last_error) = None;
@@ -182,6 +203,24 @@ impl Reloader {
             thread: Some(thread),
         })
     }
+}
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader")
+            .field("sources", &self.sources)
+            .field("current", &self.current)
+            .field("stats", &self.stats)
+            .field("last_error", &self.last_error)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads `sources` and holds the rule set to `check`.
+fn load(sources: &[PathBuf], check: &RuleCheck) -> Result<RuleSet, LoadError> {
+    let rules = RuleSet::load_all(sources)?;
+    check(&rules)?;
+    Ok(rules)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

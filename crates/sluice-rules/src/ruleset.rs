@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use siphasher::sip::SipHasher13;
+use sluice_core::{Policy, UnsupportedPolicy};
 
 use crate::decode::decode_file;
 use crate::error::{ConfigError, ErrorKind, LoadError, Location};
-use crate::matcher::{CompiledDomain, DescriptorEntries, Matches, match_request};
+use crate::matcher::{CompiledDomain, DescriptorEntries, Matches, Rule, match_request};
 use crate::model::DomainConfig;
 use crate::routes::Gateway;
 
@@ -181,6 +182,69 @@ impl RuleSet {
         let mut names: Vec<&str> = self.domains.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
+    }
+
+    /// Every rule (one per limit) of every domain, in no particular order. The gateway's routes
+    /// hold no limits of their own: they name domains, whose rules these are.
+    pub fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
+        self.domains.values().flat_map(CompiledDomain::rules)
+    }
+
+    /// Checks every rule's policy with `supports`, a store's
+    /// [`Store::supports`](sluice_core::Store::supports), so that a rule the store cannot hold
+    /// is refused when the rules load instead of failing each request. The error names every
+    /// such rule with its `file:line:col`, in file order.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_core::UnsupportedPolicy;
+    /// use sluice_rules::RuleSet;
+    ///
+    /// let rules = RuleSet::parse("rules.yaml", r#"
+    /// domain: api
+    /// descriptors:
+    ///   - key: user
+    ///     rate_limit: {unit: year, requests_per_unit: 1000}
+    /// "#).unwrap();
+    /// // A store that holds windows of up to a week.
+    /// let week = Duration::from_secs(7 * 86_400);
+    /// let err = rules
+    ///     .check_supported(|policy| {
+    ///         if policy.window() <= week {
+    ///             Ok(())
+    ///         } else {
+    ///             Err(UnsupportedPolicy { store: "weekly", reason: "too long".into() })
+    ///         }
+    ///     })
+    ///     .unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "rules.yaml:5:17: rule \"api/user\" cannot be held by the weekly store: too long"
+    /// );
+    /// ```
+    pub fn check_supported(
+        &self,
+        supports: impl Fn(&Policy) -> Result<(), UnsupportedPolicy>,
+    ) -> Result<(), LoadError> {
+        let mut errors: Vec<ConfigError> = self
+            .rules()
+            .filter_map(|rule| {
+                let unsupported = supports(&rule.policy).err()?;
+                let name = rule.name.as_deref().unwrap_or(&rule.path);
+                Some(ConfigError::new(
+                    rule.location.clone(),
+                    ErrorKind::Unsupported {
+                        rule: name.to_owned(),
+                        unsupported,
+                    },
+                ))
+            })
+            .collect();
+        if errors.is_empty() {
+            return Ok(());
+        }
+        errors.sort_by(|a, b| a.location.cmp(&b.location));
+        Err(LoadError::new(errors))
     }
 
     /// The gateway's routes and trusted proxies, if a file set them.

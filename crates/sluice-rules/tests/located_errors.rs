@@ -512,3 +512,65 @@ fn deep_descriptor_nesting_loads_and_matches() {
     assert_eq!(m.checks[0].rule.policy.limit(), depth as u64 - 1);
     assert!(m.checks[0].key.len() <= sluice_rules::MAX_KEY_LEN);
 }
+
+/// A store that holds windows of up to a day, as the redis store holds up to about 104 days.
+fn daily_store(policy: &sluice_core::Policy) -> Result<(), sluice_core::UnsupportedPolicy> {
+    if policy.window() <= std::time::Duration::from_secs(86_400) {
+        Ok(())
+    } else {
+        Err(sluice_core::UnsupportedPolicy {
+            store: "daily",
+            reason: "windows up to a day only".to_owned(),
+        })
+    }
+}
+
+#[test]
+fn rules_a_store_cannot_hold_are_each_named_where_written_in_file_order() {
+    let rules = RuleSet::from_sources([
+        (
+            "b.yaml",
+            "domain: b
+descriptors:
+  - key: k
+    rate_limit: {unit: week, requests_per_unit: 1}
+",
+        ),
+        (
+            "a.yaml",
+            "domain: a
+descriptors:
+  - key: plan
+    value: free
+    rate_limit: {unit: day, requests_per_unit: 100}
+    descriptors:
+      - key: user
+        limits:
+          - {name: per_user, requests_per_unit: 10, window: 200d}
+          - {requests_per_unit: 1, unit: second}
+  - key: ip
+    value: 10.*
+    rate_limit: {unit: month, requests_per_unit: 5}
+",
+        ),
+    ])
+    .unwrap();
+    assert_eq!(rules.rules().count(), 5, "every limit, nested ones too");
+    let err = rules.check_supported(daily_store).unwrap_err();
+    let lines: Vec<String> = err.errors().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "a.yaml:9:13: rule \"per_user\" cannot be held by the daily store: windows up to a \
+             day only",
+            "a.yaml:13:17: rule \"a/ip=10.*\" cannot be held by the daily store: windows up to \
+             a day only",
+            "b.yaml:4:17: rule \"b/k\" cannot be held by the daily store: windows up to a day \
+             only",
+        ]
+    );
+    assert!(matches!(
+        err.errors()[0].kind,
+        ErrorKind::Unsupported { .. }
+    ));
+}

@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use sluice_rules::{ErrorKind, ReloadEvent, Reloader};
+use sluice_core::{Policy, UnsupportedPolicy};
+use sluice_rules::{ErrorKind, LoadError, ReloadEvent, Reloader};
 
 const DEBOUNCE: Duration = Duration::from_millis(20);
 /// How long a watcher test waits for its reload: far beyond any healthy machine's need, so the
@@ -149,6 +150,82 @@ fn the_first_load_must_succeed() {
     let file = dir.path().join("rules.yaml");
     write(&file, INVALID);
     assert!(Reloader::new(vec![file]).is_err());
+}
+
+/// A store that holds windows of up to an hour, as the redis store holds up to about 104 days.
+fn hourly_store(policy: &Policy) -> Result<(), UnsupportedPolicy> {
+    if policy.window() <= Duration::from_secs(3600) {
+        Ok(())
+    } else {
+        Err(UnsupportedPolicy {
+            store: "hourly",
+            reason: "windows up to an hour only".to_owned(),
+        })
+    }
+}
+
+/// A reloader that holds every rule set to what [`hourly_store`] can hold.
+fn held_by_hourly_store(file: &Path) -> Result<Arc<Reloader>, LoadError> {
+    Reloader::with_check(vec![file.to_path_buf()], |rules| {
+        rules.check_supported(hourly_store)
+    })
+}
+
+/// Valid rules, with one limit (line 6) that [`hourly_store`] cannot hold.
+const DAILY_TEAM: &str = "domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: team
+    rate_limit: {name: per_team, unit: day, requests_per_unit: 5}
+";
+
+#[test]
+fn rules_the_check_refuses_keep_the_old_rules_and_report_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.yaml");
+    write(&file, &rules(1));
+    let reloader = held_by_hourly_store(&file).unwrap();
+    let events = reloader.subscribe();
+    write(&file, DAILY_TEAM);
+    let ReloadEvent::Failed(err) = reloader.reload_now() else {
+        panic!("rules the store cannot hold must not be reloaded")
+    };
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}:6:17: rule \"per_team\" cannot be held by the hourly store: windows up to an \
+             hour only",
+            file.display()
+        )
+    );
+    assert!(matches!(
+        err.first().unwrap().kind,
+        ErrorKind::Unsupported { .. }
+    ));
+    assert_eq!(limit(&reloader), 1, "the old rules stay in force");
+    assert_eq!(reloader.stats().failures.load(Ordering::Relaxed), 1);
+    assert_eq!(reloader.last_error(), Some(err.clone()));
+    assert_eq!(events.try_recv(), Ok(ReloadEvent::Failed(err)));
+
+    write(&file, &rules(2));
+    assert!(matches!(
+        reloader.reload_now(),
+        ReloadEvent::Reloaded { .. }
+    ));
+    assert_eq!(limit(&reloader), 2);
+    assert_eq!(reloader.last_error(), None);
+}
+
+#[test]
+fn the_first_load_must_pass_the_check_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.yaml");
+    write(&file, DAILY_TEAM);
+    let err = held_by_hourly_store(&file).unwrap_err();
+    let e = err.first().unwrap();
+    assert_eq!((e.location.line, e.location.col), (6, 17));
+    assert!(matches!(e.kind, ErrorKind::Unsupported { .. }));
 }
 
 #[test]

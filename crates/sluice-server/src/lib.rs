@@ -84,9 +84,10 @@ impl ServeOptions {
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The rules are invalid; the error names every `file:line:col`.
+    /// The rules are invalid, or hold a rule the store cannot; the error names every
+    /// `file:line:col`.
     #[error("invalid rules:\n{0}")]
-    Rules(#[from] LoadError),
+    Rules(LoadError),
     /// The store could not be opened.
     #[error(transparent)]
     Store(#[from] store_url::StoreUrlError),
@@ -103,6 +104,14 @@ pub enum StartError {
     Watch(String),
 }
 
+// Not `#[from]`: that would make the rule errors the source as well, and a report of the error
+// chain (`sluice: {e:#}`) would print every one of them twice.
+impl From<LoadError> for StartError {
+    fn from(e: LoadError) -> Self {
+        StartError::Rules(e)
+    }
+}
+
 /// A running service.
 #[derive(Debug)]
 pub struct Server {
@@ -115,7 +124,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// Loads the rules, opens the store, binds both listeners and starts serving.
+    /// Opens the store, loads the rules (refusing any the store cannot hold, then and on every
+    /// reload), binds both listeners and starts serving.
     pub async fn start(options: ServeOptions) -> Result<Server, StartError> {
         let store = store_url::open(&options.store, &options.store_settings).await?;
         Self::start_with_open_store(options, store).await
@@ -135,7 +145,7 @@ impl Server {
         opened: store_url::OpenStore,
     ) -> Result<Server, StartError> {
         let store = opened.store.clone();
-        let reloader = Reloader::new(options.config.clone())?;
+        let reloader = Reloader::with_check(options.config.clone(), opened.rule_check())?;
         let watcher = reloader
             .watch(options.reload_debounce)
             .map_err(|e| StartError::Watch(e.to_string()))?;

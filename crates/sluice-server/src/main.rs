@@ -304,7 +304,9 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
 fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let runtime = start_runtime(args.log_format)?;
     runtime.block_on(async move {
-        let rules = sluice_rules::Reloader::new(args.config)
+        let store = sluice_server::store_url::open(&args.store, &Default::default()).await?;
+        // Rules the store cannot hold are refused now and on every reload, like invalid ones.
+        let rules = sluice_rules::Reloader::with_check(args.config, store.rule_check())
             .map_err(|e| anyhow::anyhow!("invalid rules:\n{e}"))?;
         if rules.rules().gateway().is_none_or(|g| g.routes.is_empty()) {
             tracing::warn!("the rules have no `routes`; every request passes unlimited");
@@ -312,12 +314,9 @@ fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         let _watcher = rules
             .watch(Duration::from_millis(args.reload_debounce_ms))
             .context("cannot watch the rule files for changes")?;
-        let store = sluice_server::store_url::open(&args.store, &Default::default())
-            .await?
-            .store;
         let limiter = std::sync::Arc::new(sluice_http::Limiter::new(
             rules,
-            store,
+            store.store,
             std::sync::Arc::new(sluice_http::Metrics::new()),
         ));
         let mut options = sluice_http::ProxyOptions::new(args.upstream);

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sluice_core::{DynStore, MemoryStore};
 use sluice_redis::{BreakerState, ConnectError, RedisOptions, RedisStore};
+use sluice_rules::{LoadError, RuleSet};
 
 /// The `--store` value could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +73,14 @@ impl OpenStore {
     /// The circuit breaker's state, for a Redis store.
     pub fn breaker(&self) -> Option<BreakerState> {
         self.redis.as_ref().map(RedisStore::breaker_state)
+    }
+
+    /// What every rule set must pass before it is put in force, at startup and on each reload
+    /// (see [`sluice_rules::Reloader::with_check`]): that this store can hold every rule. The
+    /// redis store, for one, cannot hold a window longer than about 104 days.
+    pub fn rule_check(&self) -> impl Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync + 'static {
+        let store = Arc::clone(&self.store);
+        move |rules| rules.check_supported(|policy| store.supports(policy))
     }
 }
 

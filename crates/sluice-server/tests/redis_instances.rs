@@ -311,3 +311,97 @@ async fn with_redis_down_answers_follow_on_store_error_and_stay_fast() {
         "counted in Redis again"
     );
 }
+
+/// A limit over a window the redis store cannot hold (Lua doubles: about 104 days), on line 4.
+const TOO_LONG_FOR_REDIS: &str = "domain: multi
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, requests_per_unit: 10, window: 200d}
+";
+
+/// `sluice serve` and `sluice proxy` on Redis refuse to start on rules with a limit Redis cannot
+/// hold, naming where it is written; on the memory store, which holds it, the same rules serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_redis_cannot_hold_keep_serve_from_starting_on_redis_only() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(&path, TOO_LONG_FOR_REDIS).unwrap();
+    let expected = format!(
+        "{}:4:17: rule \"per_user\" cannot be held by the redis store: the window of 200d is \
+         longer than the redis store can hold (about 104 days",
+        path.display()
+    );
+    let serve = [
+        "serve",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+    ];
+    let proxy = [
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:9",
+    ];
+    for command in [serve, proxy] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(command)
+            .args(["--store", &redis.url(), "--config"])
+            .arg(&path)
+            .env("SLUICE_LOG", "warn")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{}: {stderr}", command[0]);
+        assert!(stderr.contains(&expected), "{}: {stderr}", command[0]);
+    }
+
+    let memory = Instance::start(&path, "memory", &unique_prefix());
+    let status = reqwest::Client::new()
+        .post(format!("{}/v1/check", memory.http))
+        .json(&body(&[("user", "a")]))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status.as_u16(), 200);
+}
+
+/// A reload to rules with a limit Redis cannot hold is refused like an invalid file: the answer
+/// names where the limit is written, and the old rules stay in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_to_rules_redis_cannot_hold_keeps_the_old_rules() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(
+        &path,
+        "domain: multi\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let instance = Instance::start(&path, &redis.url(), &unique_prefix());
+    std::fs::write(&path, TOO_LONG_FOR_REDIS).unwrap();
+    let client = reqwest::Client::new();
+    let reload = client
+        .post(format!("{}/v1/reload", instance.http))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reload.status().as_u16(), 422);
+    let problem: Value = reload.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    let location = format!("{}:4:17: rule \"per_user\" cannot be held", path.display());
+    assert!(detail.contains(&location), "{problem}");
+    let status = |user: &'static str| {
+        let (client, url) = (client.clone(), format!("{}/v1/check", instance.http));
+        async move {
+            let r = client.post(url).json(&body(&[("user", user)])).send();
+            r.await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(status("a").await, 200);
+    assert_eq!(status("a").await, 429, "the old limit of 1 an hour holds");
+}
