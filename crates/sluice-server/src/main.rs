@@ -167,19 +167,24 @@ enum BenchTarget {
     },
 }
 
+/// `{n}`, as the help shows it. clap turns a literal `{n}` in help text into a line break, so an
+/// invisible word joiner (U+2060) sits between the brace and the `n`.
+macro_rules! key_placeholder {
+    () => {
+        "`{\u{2060}n}`"
+    };
+}
+
 #[derive(Debug, clap::Args)]
 struct BenchHttpArgs {
-    /// The URL, `http://host:port/path?query`; `{n}` becomes the key number.
+    #[arg(help = concat!("The URL, `http://host:port/path?query`; ", key_placeholder!(), " becomes the key number"))]
     url: String,
     /// The request method.
     #[arg(long, short = 'X', default_value = "GET")]
     method: http::Method,
-    /// A request header, `name: value` (repeatable); `{n}` becomes the key number.
-    #[arg(long = "header", short = 'H')]
+    #[arg(long = "header", short = 'H', help = concat!("A request header, `name: value` (repeatable); ", key_placeholder!(), " becomes the key number"))]
     headers: Vec<String>,
-    /// A request body (JSON unless a content-type header says otherwise); `{n}` becomes the key
-    /// number.
-    #[arg(long, short = 'd')]
+    #[arg(long, short = 'd', help = concat!("A request body (JSON unless a content-type header says otherwise); ", key_placeholder!(), " becomes the key number"))]
     body: Option<String>,
     /// Speak h2 with prior knowledge, the workers multiplexed over `--connections`.
     #[arg(long)]
@@ -198,8 +203,7 @@ struct BenchGrpcArgs {
     /// The rate-limit domain.
     #[arg(long)]
     domain: String,
-    /// A descriptor, `key=value,key=value` (repeatable); `{n}` becomes the key number.
-    #[arg(long = "descriptor", required = true)]
+    #[arg(long = "descriptor", required = true, help = concat!("A descriptor, `key=value,key=value` (repeatable); ", key_placeholder!(), " becomes the key number"))]
     descriptors: Vec<String>,
     /// Units each request consumes (Envoy's `hits_addend`; 0 means 1).
     #[arg(long, default_value_t = 0)]
@@ -229,8 +233,7 @@ struct LoadArgs {
     /// Send for this long before measuring.
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     warmup: Duration,
-    /// How many key numbers `{n}` cycles through.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, help = concat!("How many key numbers ", key_placeholder!(), " cycles through"))]
     keys: u64,
     /// How long one request may take before it counts as an error.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]

@@ -226,3 +226,25 @@ fn bench_refuses_bad_options_with_a_reason() {
         "{stderr}"
     );
 }
+
+#[test]
+fn bench_help_shows_the_key_placeholder_in_place() {
+    for command in ["http", "grpc"] {
+        let out = sluice()
+            .args(["bench", command, "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let help = String::from_utf8(out.stdout).unwrap();
+        // Shown as `{n}` (with an invisible word joiner), not broken across lines.
+        assert!(
+            help.contains("`{\u{2060}n}` becomes the key number"),
+            "{help}"
+        );
+        assert!(
+            help.contains("How many key numbers `{\u{2060}n}` cycles"),
+            "{help}"
+        );
+        assert!(!help.contains("; `\n"), "{help}");
+    }
+}
