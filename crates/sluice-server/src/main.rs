@@ -122,9 +122,16 @@ struct ProxyArgs {
     /// The API behind the gateway, as http://host:port.
     #[arg(long, env = "SLUICE_UPSTREAM")]
     upstream: http::Uri,
-    /// Where counters live: `memory` or `memory://?max_keys=N`.
+    /// Where counters live: `memory`, `memory://?max_keys=N`, `redis://[user:pass@]host:port`,
+    /// `rediss://…`, `redis+sentinel://host:port,…/master`, or `redis+cluster://host:port,…`.
     #[arg(long, env = "SLUICE_STORE", default_value = "memory")]
     store: String,
+    /// The first part of every Redis key, so deployments sharing a Redis stay apart.
+    #[arg(long, env = "SLUICE_STORE_PREFIX", default_value = "sluice")]
+    store_prefix: String,
+    /// Milliseconds one store call may take before the rule's on_store_error applies.
+    #[arg(long, env = "SLUICE_STORE_TIMEOUT_MS", default_value_t = 50)]
+    store_timeout_ms: u64,
     /// Milliseconds the upstream may take to start answering before the client gets 504.
     #[arg(long, env = "SLUICE_UPSTREAM_TIMEOUT_MS", default_value_t = 30_000)]
     upstream_timeout_ms: u64,
@@ -307,7 +314,11 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
 fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let runtime = start_runtime(args.log_format)?;
     runtime.block_on(async move {
-        let store = sluice_server::store_url::open(&args.store, &Default::default()).await?;
+        let settings = sluice_server::store_url::StoreSettings {
+            prefix: args.store_prefix,
+            timeout: Duration::from_millis(args.store_timeout_ms),
+        };
+        let store = sluice_server::store_url::open(&args.store, &settings).await?;
         // Rules the store cannot hold are refused now and on every reload, like invalid ones.
         let rules = sluice_rules::Reloader::with_check(args.config, store.rule_check())
             .map_err(|e| anyhow::anyhow!("invalid rules:\n{e}"))?;
