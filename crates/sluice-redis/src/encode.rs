@@ -30,6 +30,15 @@ pub(crate) const ARGS_PER_CHECK: usize = 7;
 /// How many values the check script returns per check.
 pub(crate) const REPLY_PER_CHECK: usize = 6;
 
+/// The longest fixed window the script holds exactly: 2⁵⁵ ns, about 417 days, for windows that
+/// are whole microseconds (see [`exact_fixed_window`]). The script's numbers reach the window
+/// plus the application clock's skew, and stay below 2⁵⁶ while the skew is under 417 days.
+pub(crate) const LONG_WINDOW: u64 = 1 << 55;
+
+/// Why the redis store cannot hold a longer fixed window, for messages.
+const LONG_WINDOW_SPAN: &str =
+    "about 417 days: its scripts compute in Lua doubles, exact below 2^55 ns in whole microseconds";
+
 /// Why the redis store cannot hold a length, for messages.
 const EXACT_SPAN: &str = "about 104 days: its scripts compute in Lua doubles, exact below 2^53 ns";
 
@@ -58,7 +67,7 @@ pub(crate) fn check_exact(policy: &Policy) -> Result<(), String> {
         }
         Policy::FixedWindow(fw) => {
             exact("limit", fw.limit())?;
-            exact_nanos("window", fw.window())?;
+            exact_fixed_window(fw.window())?;
         }
         // The core bounds these two limits far below 2^53.
         Policy::SlidingLog(sl) => {
@@ -124,6 +133,34 @@ fn exact_rate(rate: Rate) -> Result<(), String> {
             days(u128::from(per))
         ))
     }
+}
+
+/// A fixed window the script can hold exactly, or a refusal. Up to 2⁵³ ns any window is exact.
+/// Beyond that a fixed window still is, up to [`LONG_WINDOW`], when it is a whole number of
+/// microseconds: Redis `TIME` counts microseconds, so the script's now is a multiple of 8 ns, and
+/// so is every number of such a window (its length, its grid, its start, its reset), and a
+/// double holds every multiple of 8 below 2⁵⁶ exactly. This takes in Envoy's `unit: year`.
+fn exact_fixed_window(window: Duration) -> Result<(), String> {
+    let n = window.as_nanos();
+    if n < u128::from(EXACT) {
+        return Ok(());
+    }
+    if n >= u128::from(LONG_WINDOW) {
+        return Err(format!(
+            "the window of {} is longer than the redis store can hold for a fixed window \
+             ({LONG_WINDOW_SPAN}); shorten it, or use the memory store",
+            days(n)
+        ));
+    }
+    if n % 1_000 != 0 {
+        return Err(format!(
+            "the window of {} is longer than 104 days and not a whole number of microseconds, \
+             which the redis store needs of so long a window (its scripts compute in Lua \
+             doubles); round it, or use the memory store",
+            days(n)
+        ));
+    }
+    Ok(())
 }
 
 /// A length of about a day or more, for a message: `200d`, or `104.2 days` when not whole.
@@ -324,18 +361,20 @@ mod tests {
     /// The largest burst or queue capacity at one per second: 104 days' worth.
     const LARGEST_AT_ONE_PER_SECOND: u64 = (EXACT - 1) / 1_000_000_000;
 
+    fn fixed(w: Duration) -> Policy {
+        FixedWindow::new(10, w, Alignment::FirstRequest)
+            .unwrap()
+            .into()
+    }
+
+    fn fixed_on_the_clock(w: Duration) -> Policy {
+        let clock = Alignment::Clock { utc_offset_secs: 0 };
+        FixedWindow::new(10, w, clock).unwrap().into()
+    }
+
     #[test]
-    fn windows_are_held_up_to_104_days() {
-        let windows: [fn(Duration) -> Policy; 4] = [
-            |w| {
-                FixedWindow::new(10, w, Alignment::FirstRequest)
-                    .unwrap()
-                    .into()
-            },
-            |w| {
-                let clock = Alignment::Clock { utc_offset_secs: 0 };
-                FixedWindow::new(10, w, clock).unwrap().into()
-            },
+    fn sliding_windows_are_held_up_to_104_days() {
+        let windows: [fn(Duration) -> Policy; 2] = [
             |w| SlidingLog::new(10, w).unwrap().into(),
             |w| SlidingCounter::new(10, w).unwrap().into(),
         ];
@@ -348,6 +387,27 @@ mod tests {
                 ),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn fixed_windows_are_held_up_to_417_days_in_whole_microseconds() {
+        let year = 365 * DAY;
+        let longest = Duration::from_micros((LONG_WINDOW - 1) / 1_000);
+        for window in [fixed, fixed_on_the_clock] {
+            for held in [LONGEST, 200 * DAY, year, longest] {
+                assert_eq!(check_exact(&window(held)), Ok(()), "{held:?}");
+            }
+            let err = check_exact(&window(500 * DAY)).unwrap_err();
+            assert!(
+                err.starts_with(
+                    "the window of 500d is longer than the redis store can hold for a fixed \
+                     window (about 417 days"
+                ),
+                "{err}"
+            );
+            let err = check_exact(&window(year + Duration::from_nanos(1))).unwrap_err();
+            assert!(err.contains("not a whole number of microseconds"), "{err}");
         }
     }
 

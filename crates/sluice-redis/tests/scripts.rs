@@ -175,6 +175,9 @@ struct Walk<'a> {
     rng: Rng,
     /// Nanoseconds since the epoch.
     now: u64,
+    /// Whether time moves in whole microseconds, as Redis `TIME` does: the script holds fixed
+    /// windows past 2⁵³ ns exactly only then.
+    micros: bool,
     /// The model of every key written so far.
     states: HashMap<String, State>,
     prefix: String,
@@ -295,6 +298,9 @@ impl Walk<'_> {
             4..=7 => self.rng.upto(scale / 3),
             _ => self.rng.upto(3 * scale),
         };
+        if self.micros {
+            self.now = self.now.next_multiple_of(1_000);
+        }
     }
 
     /// A random cost: mostly 1, sometimes 0, sometimes anything up to just past `limit`.
@@ -313,6 +319,9 @@ impl Walk<'_> {
 fn policies() -> Vec<(Policy, u64)> {
     let sec = Duration::from_secs(1);
     let hour = Duration::from_secs(3600);
+    let day = Duration::from_secs(86_400);
+    // The longest fixed window the script holds: whole microseconds below 2⁵⁵ ns.
+    let longest_window = Duration::from_micros(((1 << 55) - 1) / 1_000);
     // The largest burst whose backlog (burst × interval) stays below 2⁵³ ns at 1 per second.
     let largest_gcra_burst = ((1_u64 << 53) - 1) / E9;
     let p = |r: Result<Policy, sluice_core::PolicyError>| r.unwrap();
@@ -381,6 +390,31 @@ fn policies() -> Vec<(Policy, u64)> {
             .map(Policy::from)),
             3_600 * E9,
         ),
+        // Windows past 2⁵³ ns, which the script holds exactly in whole microseconds: Envoy's
+        // `unit: year` on the clock, and the longest window, from the first request and on a
+        // clock east of UTC.
+        (
+            p(
+                FixedWindow::new(4, 365 * day, Alignment::Clock { utc_offset_secs: 0 })
+                    .map(Policy::from),
+            ),
+            365 * 86_400 * E9,
+        ),
+        (
+            p(FixedWindow::new(3, longest_window, Alignment::FirstRequest).map(Policy::from)),
+            (1 << 55) - 1_000,
+        ),
+        (
+            p(FixedWindow::new(
+                3,
+                longest_window,
+                Alignment::Clock {
+                    utc_offset_secs: 19_800,
+                },
+            )
+            .map(Policy::from)),
+            (1 << 55) - 1_000,
+        ),
         (p(SlidingLog::new(5, sec).map(Policy::from)), E9),
         (
             p(SlidingLog::new(3, Duration::from_millis(250)).map(Policy::from)),
@@ -408,11 +442,17 @@ fn the_check_script_decides_as_the_core_does() {
     for (n, (policy, scale)) in policies.iter().enumerate() {
         let prefix = harness::unique_prefix();
         let script = redis::Script::new(&frozen_check_script(&prefix));
+        let micros = policy.window() >= Duration::from_nanos(1 << 53);
         let mut walk = Walk {
             conn: &mut conn,
             script: &script,
             rng: Rng(n as u64 + 1),
-            now: START,
+            now: if micros {
+                START.next_multiple_of(1_000)
+            } else {
+                START
+            },
+            micros,
             states: HashMap::new(),
             prefix,
         };

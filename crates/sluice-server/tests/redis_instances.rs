@@ -312,11 +312,12 @@ async fn with_redis_down_answers_follow_on_store_error_and_stay_fast() {
     );
 }
 
-/// A limit over a window the redis store cannot hold (Lua doubles: about 104 days), on line 4.
+/// A limit over a window the redis store cannot hold (Lua doubles: about 417 days for a fixed
+/// window), on line 4.
 const TOO_LONG_FOR_REDIS: &str = "domain: multi
 descriptors:
   - key: user
-    rate_limit: {name: per_user, requests_per_unit: 10, window: 200d}
+    rate_limit: {name: per_user, requests_per_unit: 10, window: 500d}
 ";
 
 /// `sluice serve` and `sluice proxy` on Redis refuse to start on rules with a limit Redis cannot
@@ -328,8 +329,8 @@ async fn rules_redis_cannot_hold_keep_serve_from_starting_on_redis_only() {
     let path = dir.path().join("rules.yaml");
     std::fs::write(&path, TOO_LONG_FOR_REDIS).unwrap();
     let expected = format!(
-        "{}:4:17: rule \"per_user\" cannot be held by the redis store: the window of 200d is \
-         longer than the redis store can hold (about 104 days",
+        "{}:4:17: rule \"per_user\" cannot be held by the redis store: the window of 500d is \
+         longer than the redis store can hold for a fixed window (about 417 days",
         path.display()
     );
     let serve = [
@@ -368,6 +369,37 @@ async fn rules_redis_cannot_hold_keep_serve_from_starting_on_redis_only() {
         .unwrap()
         .status();
     assert_eq!(status.as_u16(), 200);
+}
+
+/// Envoy's `unit: year`, a window past 2⁵³ ns, loads on Redis and limits exactly there, shared
+/// by two instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_yearly_limit_is_enforced_on_redis() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(
+        &path,
+        "domain: multi\ndescriptors:\n  - key: user\n    rate_limit: {unit: year, requests_per_unit: 3}\n",
+    )
+    .unwrap();
+    let prefix = unique_prefix();
+    let (a, b) = (
+        Instance::start(&path, &redis.url(), &prefix),
+        Instance::start(&path, &redis.url(), &prefix),
+    );
+    let client = reqwest::Client::new();
+    let mut answers = Vec::new();
+    for instance in [&a, &b, &a, &b, &a] {
+        let r = client
+            .post(format!("{}/v1/check", instance.http))
+            .json(&body(&[("user", "yearly")]))
+            .send()
+            .await
+            .unwrap();
+        answers.push(r.status().as_u16());
+    }
+    assert_eq!(answers, [200, 200, 200, 429, 429]);
 }
 
 /// A reload to rules with a limit Redis cannot hold is refused like an invalid file: the answer
