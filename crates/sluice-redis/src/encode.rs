@@ -27,9 +27,6 @@ pub(crate) const EXACT: u64 = 1 << 53;
 /// How many script arguments one check takes.
 pub(crate) const ARGS_PER_CHECK: usize = 7;
 
-/// How many values the check script returns per check.
-pub(crate) const REPLY_PER_CHECK: usize = 6;
-
 /// The longest fixed window the script holds exactly: 2⁵⁵ ns, about 417 days, for windows that
 /// are whole microseconds (see [`exact_fixed_window`]). The script's numbers reach the window
 /// plus the application clock's skew, and stay below 2⁵⁶ while the skew is under 417 days.
@@ -303,7 +300,8 @@ pub(crate) struct Reply {
     pub(crate) token: String,
 }
 
-/// Decodes the check script's reply for checks with these `limits`, in order.
+/// Decodes the check script's reply for checks with these `limits`, in order: six fields per
+/// check in one string (see [`crate::scripts`]).
 pub(crate) fn decode_replies(
     value: redis::Value,
     limits: impl ExactSizeIterator<Item = u64>,
@@ -313,41 +311,48 @@ pub(crate) fn decode_replies(
             "the check script answered {what}; is another program using this key prefix?"
         ))
     };
-    let redis::Value::Array(items) = value else {
-        return Err(bad("something other than an array"));
+    let redis::Value::BulkString(text) = value else {
+        return Err(bad("something other than a string"));
     };
-    if items.len() != limits.len() * REPLY_PER_CHECK {
-        return Err(bad("the wrong number of values"));
+    let mut fields = text.split(|b| *b == b' ');
+    let mut replies = Vec::with_capacity(limits.len());
+    for limit in limits {
+        let mut field = || fields.next().ok_or_else(|| bad("too few values"));
+        let mut int = || {
+            let f = field()?;
+            std::str::from_utf8(f)
+                .ok()
+                .and_then(|f| f.parse::<i64>().ok())
+                .ok_or_else(|| bad("a non-integer where an integer belongs"))
+        };
+        let nanos = |i: i64| Duration::from_nanos(u64::try_from(i).unwrap_or(0));
+        let allowed = int()? == 1;
+        let remaining = u64::try_from(int()?).unwrap_or(0);
+        let reset_after = nanos(int()?);
+        let retry = int()?;
+        let delay = nanos(int()?);
+        let token = match field()? {
+            b"-" => String::new(),
+            t => String::from_utf8_lossy(t).into_owned(),
+        };
+        let decision = Decision {
+            allowed,
+            limit,
+            remaining,
+            reset_after,
+            retry_after: if retry < 0 {
+                Decision::NEVER
+            } else {
+                nanos(retry)
+            },
+            delay,
+        };
+        replies.push(Reply { decision, token });
     }
-    let int = |v: &redis::Value| match v {
-        redis::Value::Int(i) => Ok(*i),
-        _ => Err(bad("a non-integer where an integer belongs")),
-    };
-    let nanos = |i: i64| Duration::from_nanos(u64::try_from(i).unwrap_or(0));
-    items
-        .chunks_exact(REPLY_PER_CHECK)
-        .zip(limits)
-        .map(|(c, limit)| {
-            let retry = int(&c[3])?;
-            let decision = Decision {
-                allowed: int(&c[0])? == 1,
-                limit,
-                remaining: u64::try_from(int(&c[1])?).unwrap_or(0),
-                reset_after: nanos(int(&c[2])?),
-                retry_after: if retry < 0 {
-                    Decision::NEVER
-                } else {
-                    nanos(retry)
-                },
-                delay: nanos(int(&c[4])?),
-            };
-            let token = match &c[5] {
-                redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                _ => String::new(),
-            };
-            Ok(Reply { decision, token })
-        })
-        .collect()
+    if fields.next().is_some() {
+        return Err(bad("too many values"));
+    }
+    Ok(replies)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! `EVALSHA` runs a script's whole body on every call, so every `local function` and every table
 //! in it is created anew and then collected. [`CHECK`] therefore decides a call of one check
 //! (nearly every call) in straight-line code on locals: one `GET` (or a few list reads for the
-//! sliding log), one `SET … PX`, no table but the reply, and no function but `mul_div` (token
+//! sliding log), one `SET … PX`, no table, and no function but `mul_div` (token
 //! bucket, sliding counter) and the log's entry parser. On Redis 7.0 each C function call or
 //! string conversion in a script also costs a few hundred nanoseconds, so that path converts
 //! numbers by arithmetic (`x + 0`), takes remainders with `%`, compares the algorithm code as a
@@ -279,14 +279,16 @@ end
 /// - `ARGV[3 + 7(i-1)]..`: check `i`: algorithm code (1 token bucket, 2 GCRA, 3 queue, 4 fixed
 ///   window, 5 sliding log, 6 sliding counter), cost, parameters `p1..p4`, unused token.
 ///
-/// Returns six values per check: allowed (1 or 0), remaining, `reset_after` in nanoseconds,
-/// `retry_after` in nanoseconds (-1 for never), delay in nanoseconds, and the refund token: the
-/// stored timestamp that identifies what this check consumed (a window start or a log entry),
-/// which [`REFUND`] needs to give it back.
+/// Returns one string of six fields per check, every field and check separated by a space:
+/// allowed (1 or 0), remaining, `reset_after` in nanoseconds, `retry_after` in nanoseconds (-1
+/// for never), delay in nanoseconds, and the refund token: the stored timestamp that identifies
+/// what this check consumed (a window start or a log entry), which [`REFUND`] needs to give it
+/// back, or `-` when nothing was consumed. One string rather than an array: the client parses a
+/// reply value by value, and six values per check cost it more than the script's formatting.
 pub(crate) const CHECK: &str = concat!(
     clock!(),
     r#"
--- One check, the common case: straight-line code on locals, with no table but the reply and no
+-- One check, the common case: straight-line code on locals, with no table and no
 -- function created (but mul_div, for the token bucket and the sliding counter). Each algorithm
 -- decides exactly as its function in the general path below, and as the core.
 if #KEYS == 1 then
@@ -659,7 +661,8 @@ if #KEYS == 1 then
     if m > 0 then ms = ms + 1 end
     redis.call('SET', key, value, 'PX', ms .. '')
   end
-  return {allowed, remaining, reset, retry, delay, token}
+  if token == '' then token = '-' end
+  return string.format('%d %d %d %d %d %s', allowed, remaining, reset, retry, delay, token)
 end
 "#,
     helpers!(),
@@ -934,12 +937,8 @@ for i = 1, n do
     elseif alg == 4 or alg == 6 then token = absolute(nv.start) end
   end
   if allowed == 0 then all = false end
-  out[#out + 1] = allowed
-  out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = retry
-  out[#out + 1] = delay
-  out[#out + 1] = token
+  if token == '' then token = '-' end
+  out[#out + 1] = string.format('%d %d %d %d %d %s', allowed, remaining, reset, retry, delay, token)
 end
 
 if commit and all then
@@ -963,7 +962,7 @@ if commit and all then
     end
   end
 end
-return out
+return table.concat(out, ' ')
 "#
 );
 
