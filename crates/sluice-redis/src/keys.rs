@@ -5,6 +5,10 @@
 //! `{` and `}` inside the identity (and the prefix) are escaped, so that user data such as a
 //! header value cannot end the tag early and move a counter to another slot, or make two
 //! identities share one key.
+//!
+//! An identity that carries its own tag is kept as it is: `prefix:{tag}rest`. Every key the rules
+//! produce does (`{domain|key=value}:policy`, see `sluice_rules::key`), so all the limits of one
+//! descriptor fall in one slot and are checked by one script, atomically, on a Cluster too.
 
 use std::borrow::Cow;
 
@@ -28,8 +32,19 @@ pub(crate) fn escape(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// The Redis key of the counter `identity` under `prefix` (already escaped).
+/// The Redis key of the counter `identity` under `prefix` (already escaped): `prefix:identity`
+/// when the identity carries its own tag, `prefix:{escaped identity}` otherwise.
+///
+/// The two forms never meet, so no two identities share a key: a kept identity never ends with
+/// `}` (what follows its tag is not empty and holds no brace), and a wrapped one always does.
 pub(crate) fn counter_key(escaped_prefix: &str, identity: &str) -> String {
+    if has_own_tag(identity) {
+        let mut key = String::with_capacity(escaped_prefix.len() + 1 + identity.len());
+        key.push_str(escaped_prefix);
+        key.push(':');
+        key.push_str(identity);
+        return key;
+    }
     let id = escape(identity);
     let mut key = String::with_capacity(escaped_prefix.len() + id.len() + 3);
     key.push_str(escaped_prefix);
@@ -37,6 +52,24 @@ pub(crate) fn counter_key(escaped_prefix: &str, identity: &str) -> String {
     key.push_str(&id);
     key.push('}');
     key
+}
+
+/// Whether `identity` is `{tag}rest` with a non-empty tag, a non-empty rest, and no other brace
+/// or backslash anywhere: a hash tag that no request data can have shaped, kept as Redis reads it.
+fn has_own_tag(identity: &str) -> bool {
+    let bytes = identity.as_bytes();
+    if bytes.first() != Some(&b'{') {
+        return false;
+    }
+    let mut close = None;
+    for (i, &b) in bytes.iter().enumerate().skip(1) {
+        match b {
+            b'}' if close.is_none() => close = Some(i),
+            b'{' | b'}' | b'\\' => return false,
+            _ => {}
+        }
+    }
+    close.is_some_and(|c| c > 1 && c + 1 < bytes.len())
 }
 
 /// The Cluster slot of a key, by Redis's rule: CRC16 of the hash tag if the key has a non-empty
@@ -89,6 +122,33 @@ mod tests {
         assert_eq!(slot(k.as_bytes()), slot(b"a\\)b\\(c"));
         // Escaping is injective: a literal backslash sequence stays distinct.
         assert_ne!(counter_key("p", "a}"), counter_key("p", "a\\)"));
+    }
+
+    #[test]
+    fn a_rule_key_keeps_its_own_tag_so_a_descriptor_has_one_slot() {
+        let per_second = counter_key("sluice", "{api|user=1}:0123456789abcdef");
+        let per_day = counter_key("sluice", "{api|user=1}:fedcba9876543210");
+        assert_eq!(per_second, "sluice:{api|user=1}:0123456789abcdef");
+        assert_eq!(slot(per_second.as_bytes()), slot(per_day.as_bytes()));
+        assert_eq!(slot(per_second.as_bytes()), slot(b"api|user=1"));
+    }
+
+    #[test]
+    fn kept_and_wrapped_identities_never_share_a_key() {
+        // Not kept: no tag, an empty tag, nothing after the tag, a second brace, a backslash.
+        for wrapped in ["x", "{}x", "{x}", "{x}{y}", "{x}y}", "{x\\}y", "a{x}y"] {
+            assert!(!has_own_tag(wrapped), "{wrapped}");
+            assert!(counter_key("p", wrapped).ends_with('}'), "{wrapped}");
+        }
+        assert!(has_own_tag("{x}y"));
+        assert!(!counter_key("p", "{x}y").ends_with('}'));
+        // The identities that come closest to each other's keys stay apart.
+        let identities = ["{x}", "x", "{x}y", "\\(x\\)y", "{x}:y", "x}:y", "{x\\)y"];
+        for (i, a) in identities.iter().enumerate() {
+            for b in &identities[i + 1..] {
+                assert_ne!(counter_key("p", a), counter_key("p", b), "{a} and {b}");
+            }
+        }
     }
 
     #[test]

@@ -156,7 +156,9 @@ impl RedisStore {
         self.guarded(self.inner.conn.send(&cmd)).await.map(|_| ())
     }
 
-    /// The Redis key that holds the counter `identity`: `prefix:{identity}` with braces escaped.
+    /// The Redis key that holds the counter `identity`: `prefix:identity` when the identity
+    /// opens with its own hash tag, as every rule key does (`{domain|key=value}:policy`), and
+    /// `prefix:{identity}` with braces escaped otherwise.
     pub fn key_of(&self, identity: &str) -> String {
         counter_key(&self.inner.prefix, identity)
     }
