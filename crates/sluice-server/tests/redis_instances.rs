@@ -437,3 +437,99 @@ async fn a_reload_to_rules_redis_cannot_hold_keeps_the_old_rules() {
     assert_eq!(status("a").await, 200);
     assert_eq!(status("a").await, 429, "the old limit of 1 an hour holds");
 }
+
+/// A child process killed by PID when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `sluice ARGS...` and waits until `addr` accepts connections.
+fn spawn_listening(args: &[&str], addr: &str) -> Process {
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sluice starts");
+    let process = Process(child);
+    harness::wait_until(&format!("{} listens on {addr}", args[0]), || {
+        std::net::TcpStream::connect(addr).is_ok()
+    });
+    process
+}
+
+/// Two `sluice proxy` gateways on one Redis, in front of a real upstream, share one per-IP limit
+/// exactly, and keep their counters under `--store-prefix`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_redis_share_a_limit_under_their_prefix() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &rules,
+        "domain: gw
+descriptors:
+  - key: client_ip
+    rate_limit: {unit: minute, requests_per_unit: 3}
+routes:
+  - path: /api/*
+    descriptors: [[{key: client_ip, from: client_ip}]]
+",
+    )
+    .unwrap();
+    let free = || {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.to_string())
+            .expect("a free port")
+    };
+    let (upstream, a, b) = (free(), free(), free());
+    let _upstream = spawn_listening(&["bench", "upstream", "--listen", &upstream], &upstream);
+    let prefix = unique_prefix();
+    let upstream_url = format!("http://{upstream}");
+    let gateway = |listen: &str| {
+        let args = [
+            "proxy",
+            "--listen",
+            listen,
+            "--upstream",
+            &upstream_url,
+            "--store",
+            &redis.url(),
+            "--store-prefix",
+            &prefix,
+            "--store-timeout-ms",
+            "5000",
+            "--config",
+            rules.to_str().unwrap(),
+        ];
+        spawn_listening(&args, listen)
+    };
+    let (_a, _b) = (gateway(&a), gateway(&b));
+    let client = reqwest::Client::new();
+    let mut answers = Vec::new();
+    for addr in [&a, &b, &a, &b, &a] {
+        let r = client
+            .get(format!("http://{addr}/api/items"))
+            .send()
+            .await
+            .unwrap();
+        answers.push(r.status().as_u16());
+    }
+    assert_eq!(answers, [200, 200, 200, 429, 429]);
+    let keys = redis
+        .command(&["KEYS", &format!("{prefix}:*")])
+        .unwrap_or_default();
+    assert_eq!(
+        keys.lines().count(),
+        1,
+        "one counter under the prefix: {keys}"
+    );
+    assert!(keys.contains("{gw|client_ip=127.0.0.1}"), "{keys}");
+}
