@@ -1,5 +1,6 @@
 //! [`RedisStore`]: the `Store` contract on Redis standalone, Sentinel or Cluster.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -272,15 +273,22 @@ impl RedisStore {
         let now = self.app_now(offset);
         let keys: Vec<String> = checks.iter().map(|c| self.key_of(c.key)).collect();
         let groups = self.groups(&keys);
-        let mut calls = Vec::with_capacity(groups.len());
+        let mut calls: Vec<(Cow<'_, [String]>, Vec<String>)> = Vec::with_capacity(groups.len());
         for group in &groups {
             let args = self.script_args(checks, group, "1", now, offset, None)?;
-            let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
+            // One group of every key in order (always, off a Cluster) takes them as they are.
+            let group_keys = if group.len() == keys.len() {
+                Cow::Borrowed(keys.as_slice())
+            } else {
+                Cow::Owned(group.iter().map(|&i| keys[i].clone()).collect())
+            };
             calls.push((group_keys, args));
         }
         let inner = &self.inner;
         let (values, first_error) = self
             .guarded(async {
+                // Even for one call: join_all keeps the call's future on the heap, so the state
+                // machines around it stay small and cheap to move.
                 let replies = join_all(
                     calls
                         .iter()
