@@ -157,6 +157,15 @@ impl RedisStore {
         self.guarded(self.inner.conn.send(&cmd)).await.map(|_| ())
     }
 
+    /// Whether a Redis store can hold `policy`: what [`Store::supports`] answers, without a
+    /// connection, for tools that check rules before any Redis is reachable.
+    pub fn can_hold(policy: &Policy) -> Result<(), UnsupportedPolicy> {
+        check_exact(policy).map_err(|reason| UnsupportedPolicy {
+            store: "redis",
+            reason,
+        })
+    }
+
     /// The Redis key that holds the counter `identity`: `prefix:identity` when the identity
     /// opens with its own hash tag, as every rule key does (`{domain|key=value}:policy`), and
     /// `prefix:{identity}` with braces escaped otherwise.
@@ -488,9 +497,6 @@ impl Store for RedisStore {
     /// more, a window or period of about 104 days or more, or a GCRA or queue backlog that takes
     /// that long to drain.
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
-        check_exact(policy).map_err(|reason| UnsupportedPolicy {
-            store: "redis",
-            reason,
-        })
+        RedisStore::can_hold(policy)
     }
 }

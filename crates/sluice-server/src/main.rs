@@ -45,6 +45,10 @@ enum Command {
         /// Files or directories of rules.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+        /// Also refuse limits this store cannot hold, as `serve --store` would at start (a
+        /// Redis store is not contacted: only its URL is read).
+        #[arg(long)]
+        store: Option<String>,
     },
 }
 
@@ -294,7 +298,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Validate { paths } => validate(&paths),
+        Command::Validate { paths, store } => validate(&paths, store.as_deref()),
         Command::Serve(args) => exit(serve(args)),
         Command::Proxy(args) => exit(proxy(args)),
         Command::Bench { target } => exit(bench(target)),
@@ -416,8 +420,22 @@ fn bench(target: BenchTarget) -> anyhow::Result<()> {
     })
 }
 
-fn validate(paths: &[PathBuf]) -> ExitCode {
-    match RuleSet::load_all(paths) {
+fn validate(paths: &[PathBuf], store: Option<&str>) -> ExitCode {
+    let check = match store
+        .map(sluice_server::store_url::rule_check_for)
+        .transpose()
+    {
+        Ok(check) => check,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let loaded = RuleSet::load_all(paths).and_then(|rules| {
+        check.as_ref().map_or(Ok(()), |check| check(&rules))?;
+        Ok(rules)
+    });
+    match loaded {
         Ok(rules) => {
             println!(
                 "ok: {} domain(s): {}",

@@ -84,6 +84,34 @@ impl OpenStore {
     }
 }
 
+/// The check that the store `url` names puts every rule through when rules load, without
+/// opening the store: `sluice validate --store` runs it where no Redis is reachable. A Redis URL
+/// is parsed, so that a mistyped one is reported too.
+pub fn rule_check_for(
+    url: &str,
+) -> Result<impl Fn(&RuleSet) -> Result<(), LoadError>, StoreUrlError> {
+    let (scheme, rest) = url.split_once("://").unwrap_or((url, ""));
+    let redis = match scheme {
+        "memory" => {
+            memory(url, rest)?;
+            false
+        }
+        "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
+        | "rediss+cluster" => {
+            sluice_redis::RedisUrl::parse(url)?;
+            true
+        }
+        _ => return Err(StoreUrlError::Unknown(url.to_owned())),
+    };
+    Ok(move |rules: &RuleSet| {
+        if redis {
+            rules.check_supported(RedisStore::can_hold)
+        } else {
+            Ok(())
+        }
+    })
+}
+
 /// Opens the store `url` names.
 pub async fn open(url: &str, settings: &StoreSettings) -> Result<OpenStore, StoreUrlError> {
     let (scheme, rest) = url.split_once("://").unwrap_or((url, ""));

@@ -248,3 +248,42 @@ fn bench_help_shows_the_key_placeholder_in_place() {
         assert!(!help.contains("; `\n"), "{help}");
     }
 }
+
+#[test]
+fn validate_with_a_store_refuses_limits_it_cannot_hold_without_contacting_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(
+        &path,
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {name: per_user, requests_per_unit: 10, window: 500d}\n",
+    )
+    .unwrap();
+    let run = |store: &[&str]| {
+        sluice()
+            .arg("validate")
+            .arg(&path)
+            .args(store)
+            .output()
+            .unwrap()
+    };
+    // Nothing listens on port 1: the URL is only read.
+    let out = run(&["--store", "redis://127.0.0.1:1"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = format!(
+        "{}:4:17: rule \"per_user\" cannot be held by the redis store: the window of 500d",
+        path.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+    for store in [&[][..], &["--store", "memory"][..]] {
+        let out = run(store);
+        assert!(
+            out.status.success(),
+            "{store:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = run(&["--store", "mongodb://x"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown store `mongodb://x`"));
+}
