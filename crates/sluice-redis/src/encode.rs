@@ -183,7 +183,8 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// The application's idea of now, shifted by the store's offset. Used only to pick a reference
-/// window start, so its accuracy does not matter within the 104-day exact range.
+/// window start, so its accuracy does not matter: any start on the grid will do, while the skew
+/// stays well inside the exact range (104 days, or 417 for a long fixed window).
 pub(crate) fn app_now(offset_nanos: i64) -> Timestamp {
     let wall = SystemTime::now()
         .duration_since(UNIX_EPOCH)

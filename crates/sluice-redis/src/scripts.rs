@@ -44,7 +44,8 @@
 //!   because Lua would print one as `1e+15`; concatenation only for TTLs in milliseconds.
 //!
 //! The Rust side keeps every parameter below 2⁵³ (see `encode.rs`): windows and periods up to
-//! about 104 days, limits up to 9·10¹⁵, and GCRA's burst and the queue's capacity times their
+//! about 104 days (fixed windows up to about 417 days in whole microseconds, whose every number is
+//! a multiple of 8 below 2⁵⁶), limits up to 9·10¹⁵, and GCRA's burst and the queue's capacity times their
 //! interval (the longest backlog) below 2⁵³ ns too. Durations in replies beyond 2⁵³ ns, such as
 //! the time a huge bucket takes to refill, are rounded; no decision depends on them.
 //!
@@ -52,7 +53,8 @@
 //!
 //! Both scripts take the same arguments:
 //!
-//! - `KEYS[i]`: the counter key of check `i` (`prefix:{identity}`). A key may appear more than
+//! - `KEYS[i]`: the counter key of check `i` (`prefix:{identity}`, or `prefix:{tag}rest`; see
+//!   `keys.rs`). A key may appear more than
 //!   once; its later checks see what the earlier ones would leave.
 //! - `ARGV[1]`: nanoseconds added to Redis `TIME`: 0 in production. A test hook, and the way to
 //!   simulate an instance whose store clock is off.

@@ -494,8 +494,8 @@ impl Store for RedisStore {
     }
 
     /// Refuses a policy with a number that Lua's doubles cannot hold exactly: a count of 2⁵³ or
-    /// more, a window or period of about 104 days or more, or a GCRA or queue backlog that takes
-    /// that long to drain.
+    /// more, a window or period of about 104 days or more (417 days for a fixed window in whole
+    /// microseconds), or a GCRA or queue backlog that takes 104 days or more to drain.
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
         RedisStore::can_hold(policy)
     }

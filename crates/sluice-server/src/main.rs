@@ -179,7 +179,8 @@ enum BenchTarget {
 }
 
 /// `{n}`, as the help shows it. clap turns a literal `{n}` in help text into a line break, so an
-/// invisible word joiner (U+2060) sits between the brace and the `n`.
+/// invisible word joiner (U+2060) sits between the brace and the `n`; the bench templates accept
+/// that form too, so a placeholder copied from the help works.
 macro_rules! key_placeholder {
     () => {
         "`{\u{2060}n}`"

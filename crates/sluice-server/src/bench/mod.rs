@@ -238,6 +238,10 @@ async fn worker<S: Sender>(mut sender: S, plan: Arc<Plan>, w: usize) -> report::
     tally
 }
 
+/// The placeholder as `--help` shows it: `{n}` with an invisible word joiner (U+2060) after the
+/// brace.
+const SHOWN_PLACEHOLDER: &str = "{\u{2060}n}";
+
 /// A text with `{n}` placeholders, rendered per key number.
 #[derive(Debug, Clone)]
 pub struct Template {
@@ -246,10 +250,16 @@ pub struct Template {
 }
 
 impl Template {
-    /// Parses `text`; every `{n}` is a placeholder.
+    /// Parses `text`; every `{n}` is a placeholder. So is `{n}` with a word joiner after the
+    /// brace, as `--help` shows it (clap would read a plain `{n}` as a line break), so that a
+    /// placeholder copied from the help works too.
     pub fn new(text: &str) -> Self {
         Template {
-            pieces: text.split("{n}").map(str::to_owned).collect(),
+            pieces: text
+                .replace(SHOWN_PLACEHOLDER, "{n}")
+                .split("{n}")
+                .map(str::to_owned)
+                .collect(),
         }
     }
 
@@ -289,6 +299,9 @@ mod tests {
         let fixed = Template::new("/healthz");
         assert!(!fixed.varies());
         assert_eq!(fixed.render(7), "/healthz");
+        // The placeholder as --help shows it, copied from there.
+        let copied = Template::new("user=u{\u{2060}n}");
+        assert_eq!(copied.render(5), "user=u5");
     }
 
     #[test]
