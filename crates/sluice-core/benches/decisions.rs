@@ -22,9 +22,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sluice_core::{
-    Alignment, Check, DynStore, FakeClock, FixedWindow, FixedWindowState, Gcra, LeakyQueue,
-    MemoryStore, Policy, Rate, SlidingCounter, SlidingCounterState, SlidingLog, SlidingLogState,
-    Store, Timestamp, TokenBucket,
+    Alignment, Check, Decision, DynStore, FakeClock, FixedWindow, FixedWindowState, Gcra,
+    LeakyQueue, MemoryStore, Policy, Rate, SlidingCounter, SlidingCounterState, SlidingLog,
+    SlidingLogState, Store, Timestamp, TokenBucket,
 };
 
 /// The limit of the generous policies: no key reaches it within a run, so every decision is an
@@ -368,81 +368,54 @@ fn trait_paths(c: &mut Criterion) {
 /// Each algorithm's decision alone, on one state in a local variable, with `now` moving 100 ns a
 /// call: what the store adds to it is the clock, the fingerprint, the lock and the lookup.
 fn algorithms_alone(c: &mut Criterion) {
-    let start = Timestamp::from_secs(1_700_000_000);
-    let step = Duration::from_nanos(100);
     for (name, policy) in generous_policies() {
         let id = format!("decide_only/{name}");
-        let mut now = start;
         match policy {
             Policy::TokenBucket(p) => {
-                let mut state = p.initial(now);
-                c.bench_function(&id, |b| {
-                    b.iter_custom(|iters| {
-                        repeat(iters, || {
-                            now = now.saturating_add(step);
-                            let (next, d) = p.decide(state, black_box(now), 1);
-                            state = next;
-                            d
-                        })
-                    })
-                });
+                decide_only(c, &id, p.initial(START), |s, now| p.decide(s, now, 1));
             }
-            Policy::Gcra(p) => {
-                let mut tat = Timestamp::EPOCH;
-                c.bench_function(&id, |b| {
-                    b.iter_custom(|iters| {
-                        repeat(iters, || {
-                            now = now.saturating_add(step);
-                            let (next, d) = p.decide(tat, black_box(now), 1);
-                            tat = next;
-                            d
-                        })
-                    })
-                });
-            }
+            Policy::Gcra(p) => decide_only(c, &id, Timestamp::EPOCH, |s, now| p.decide(s, now, 1)),
             Policy::LeakyQueue(p) => {
-                let mut next_slot = Timestamp::EPOCH;
-                c.bench_function(&id, |b| {
-                    b.iter_custom(|iters| {
-                        repeat(iters, || {
-                            now = now.saturating_add(step);
-                            let (next, d) = p.decide(next_slot, black_box(now), 1);
-                            next_slot = next;
-                            d
-                        })
-                    })
-                });
+                decide_only(c, &id, Timestamp::EPOCH, |s, now| p.decide(s, now, 1));
             }
             Policy::FixedWindow(p) => {
-                let mut state = FixedWindowState::default();
-                c.bench_function(&id, |b| {
-                    b.iter_custom(|iters| {
-                        repeat(iters, || {
-                            now = now.saturating_add(step);
-                            let (next, d) = p.decide(state, black_box(now), 1);
-                            state = next;
-                            d
-                        })
-                    })
+                decide_only(c, &id, FixedWindowState::default(), |s, now| {
+                    p.decide(s, now, 1)
                 });
             }
             Policy::SlidingCounter(p) => {
-                let mut state = SlidingCounterState::default();
-                c.bench_function(&id, |b| {
-                    b.iter_custom(|iters| {
-                        repeat(iters, || {
-                            now = now.saturating_add(step);
-                            let (next, d) = p.decide(state, black_box(now), 1);
-                            state = next;
-                            d
-                        })
-                    })
-                });
+                let state = SlidingCounterState::default();
+                decide_only(c, &id, state, |s, now| p.decide(s, now, 1));
             }
             // Its cost grows with the log: see `sliding_log_length`.
             Policy::SlidingLog(_) => {}
         }
     }
+}
+
+/// Where [`decide_only`] starts its clock.
+const START: Timestamp = Timestamp::from_secs(1_700_000_000);
+
+/// Benchmarks `decide` on one state held in a local, threading each call's state into the next,
+/// with `now` moving 100 ns a call.
+fn decide_only<S: Copy>(
+    c: &mut Criterion,
+    id: &str,
+    mut state: S,
+    decide: impl Fn(S, Timestamp) -> (S, Decision),
+) {
+    let step = Duration::from_nanos(100);
+    let mut now = START;
+    c.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            repeat(iters, || {
+                now = now.saturating_add(step);
+                let (next, d) = decide(state, black_box(now));
+                state = next;
+                d
+            })
+        })
+    });
 }
 
 /// The hot-key decision on a store whose clock is read from memory, kept current by a thread

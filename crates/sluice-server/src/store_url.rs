@@ -84,24 +84,38 @@ impl OpenStore {
     }
 }
 
+/// The kinds of store a URL can name.
+enum Kind {
+    Memory,
+    Redis,
+}
+
+/// The kind of store `url` names, and what follows its `scheme://`.
+fn kind(url: &str) -> Result<(Kind, &str), StoreUrlError> {
+    let (scheme, rest) = url.split_once("://").unwrap_or((url, ""));
+    match scheme {
+        "memory" => Ok((Kind::Memory, rest)),
+        "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
+        | "rediss+cluster" => Ok((Kind::Redis, rest)),
+        _ => Err(StoreUrlError::Unknown(url.to_owned())),
+    }
+}
+
 /// The check that the store `url` names puts every rule through when rules load, without
 /// opening the store: `sluice validate --store` runs it where no Redis is reachable. A Redis URL
 /// is parsed, so that a mistyped one is reported too.
 pub fn rule_check_for(
     url: &str,
 ) -> Result<impl Fn(&RuleSet) -> Result<(), LoadError>, StoreUrlError> {
-    let (scheme, rest) = url.split_once("://").unwrap_or((url, ""));
-    let redis = match scheme {
-        "memory" => {
+    let redis = match kind(url)? {
+        (Kind::Memory, rest) => {
             memory(url, rest)?;
             false
         }
-        "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
-        | "rediss+cluster" => {
+        (Kind::Redis, _) => {
             sluice_redis::RedisUrl::parse(url)?;
             true
         }
-        _ => return Err(StoreUrlError::Unknown(url.to_owned())),
     };
     Ok(move |rules: &RuleSet| {
         if redis {
@@ -114,11 +128,9 @@ pub fn rule_check_for(
 
 /// Opens the store `url` names.
 pub async fn open(url: &str, settings: &StoreSettings) -> Result<OpenStore, StoreUrlError> {
-    let (scheme, rest) = url.split_once("://").unwrap_or((url, ""));
-    match scheme {
-        "memory" => Ok(OpenStore::plain(Arc::new(memory(url, rest)?))),
-        "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
-        | "rediss+cluster" => {
+    match kind(url)? {
+        (Kind::Memory, rest) => Ok(OpenStore::plain(Arc::new(memory(url, rest)?))),
+        (Kind::Redis, _) => {
             let options = RedisOptions::default()
                 .prefix(settings.prefix.clone())
                 .timeout(settings.timeout);
@@ -134,7 +146,6 @@ pub async fn open(url: &str, settings: &StoreSettings) -> Result<OpenStore, Stor
                 redis: Some(redis),
             })
         }
-        _ => Err(StoreUrlError::Unknown(url.to_owned())),
     }
 }
 
