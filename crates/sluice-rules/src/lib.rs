@@ -58,7 +58,7 @@ pub use error::{ConfigError, ErrorKind, LoadError, Location};
 pub use key::{MAX_IDENTITY_LEN, MAX_KEY_LEN};
 pub use matcher::{Descriptor, DescriptorEntries, MatchedCheck, Matches, Rule};
 pub use model::{
-    Action, DescriptorConfig, DomainConfig, LimitConfig, OnStoreError, Unit, ValueMatch,
+    Action, DescriptorConfig, DomainConfig, LimitConfig, Mode, OnStoreError, Unit, ValueMatch,
 };
 pub use reload::{ReloadEvent, ReloadStats, Reloader, Watcher};
 pub use routes::{

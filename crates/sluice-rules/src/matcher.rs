@@ -26,7 +26,9 @@ use crate::key::{KEY_SUFFIX_LEN, close_key, policy_id, push_encoded};
 /// The matcher's maps hash only strings from rule files on insert, and request strings on
 /// lookup, which cannot grow a chain; a fast hasher is safe here and halves a lookup's cost.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-use crate::model::{Action, DescriptorConfig, DomainConfig, LimitConfig, OnStoreError, ValueMatch};
+use crate::model::{
+    Action, DescriptorConfig, DomainConfig, LimitConfig, Mode, OnStoreError, ValueMatch,
+};
 
 /// One limit as the matcher hands it out: the rule's policy and everything a front end needs to
 /// act on its decision. Shared (`Arc`) between the rule set and every check it produces.
@@ -40,6 +42,8 @@ pub struct Rule {
     pub action: Action,
     /// Whether a denial is only recorded, the request passing anyway.
     pub shadow: bool,
+    /// How its denials count: enforced, shadow or soft, from `shadow` and `action`.
+    pub mode: Mode,
     /// What happens when the store fails.
     pub on_store_error: OnStoreError,
     /// Envoy's `detailed_metric`: label metrics with the request's values, not only the rule.
@@ -341,6 +345,7 @@ fn compile_limit(l: &LimitConfig, d: &DescriptorConfig, path: Arc<str>) -> Rule 
         name: l.name.clone(),
         action: l.action.clone(),
         shadow: l.shadow,
+        mode: Mode::of(&l.action, l.shadow),
         on_store_error: l.on_store_error,
         detailed_metric: d.detailed_metric,
         path,

@@ -147,6 +147,42 @@ impl Action {
     }
 }
 
+/// How a limit's denials count, resolved once from `shadow_mode` and the action when rules load,
+/// so that no front end works it out again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// A denial refuses the request, as the action says (`reject`, `fake` or `delay`). Enforced
+    /// limits of one request are checked all-or-nothing together.
+    Enforce,
+    /// A denial is only logged and counted; the request passes and the client never sees the
+    /// limit (a dark launch: Envoy's `shadow_mode`, or `action: shadow`).
+    Shadow,
+    /// A denial passes with a warning header; the limit shows in the rate-limit fields.
+    Soft,
+}
+
+impl Mode {
+    /// The mode of a limit with `action`, in shadow mode or not.
+    pub fn of(action: &Action, shadow: bool) -> Mode {
+        match action {
+            _ if shadow => Mode::Shadow,
+            Action::Shadow => Mode::Shadow,
+            Action::Soft { .. } => Mode::Soft,
+            Action::Reject | Action::Fake { .. } | Action::Delay { .. } => Mode::Enforce,
+        }
+    }
+
+    /// Whether a denial refuses the request.
+    pub fn enforces(self) -> bool {
+        self == Mode::Enforce
+    }
+
+    /// Whether the limit may show in the answer's rate-limit fields.
+    pub fn shown(self) -> bool {
+        self != Mode::Shadow
+    }
+}
+
 /// What a rule does when the store cannot answer (Redis is down, a timeout, a full store): the
 /// core's type, so the rule and the fallback that applies it cannot drift apart.
 pub use sluice_core::OnStoreError;
