@@ -1,4 +1,4 @@
-//! An axum app limited in process by `RateLimitLayer`: 5 requests per 10 seconds per client,
+//! An axum app limited in process by `SharedLimitLayer`: 5 requests per 10 seconds per client,
 //! keyed by the `x-api-key` header when there is one and by client IP otherwise.
 //!
 //! ```sh
@@ -13,12 +13,12 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use sluice_core::{MemoryStore, Policy, SlidingLog};
-use sluice_http::RateLimitLayer;
+use sluice_http::SharedLimitLayer;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let policy = Policy::from(SlidingLog::new(5, Duration::from_secs(10))?);
-    let layer = RateLimitLayer::with_policy(policy, Arc::new(MemoryStore::new()), |parts, ip| {
+    let layer = SharedLimitLayer::with_policy(policy, Arc::new(MemoryStore::new()), |parts, ip| {
         let api_key = parts.headers.get("x-api-key").and_then(|v| v.to_str().ok());
         Some(api_key.map_or_else(|| format!("ip:{ip}"), |k| format!("key:{k}")))
     });

@@ -18,7 +18,7 @@ pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
 
 /// Writes `ip` as `Display` does. An IPv4 address is written by hand: `Display` pads through
 /// the formatter, which costs more than the rest of a request's decision path.
-pub(crate) fn push_ip(out: &mut String, ip: IpAddr) {
+pub fn push_ip(out: &mut String, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             let mut text = [0u8; 15];

@@ -14,9 +14,9 @@ use sluice_rules::Action;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use sluice_limiter::{HeaderStyle, LimitResult, Limiter, Verdict, retry_after_secs};
+
 use crate::extract::Extracted;
-use crate::headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
-use crate::limiter::{CheckResult, Limiter, Verdict};
 
 /// The IETF problem type for a request over its quota.
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -80,7 +80,7 @@ impl Enforcer {
             log_shadow(&ex.request.domain, &verdict);
             if verdict.allowed {
                 let delay = verdict
-                    .checks
+                    .limits
                     .iter()
                     .filter(|c| c.enforced())
                     .map(|c| c.decision.delay)
@@ -98,11 +98,7 @@ impl Enforcer {
                 }
                 return Enforcement::Forward(pass_headers(&verdict, ex.style));
             }
-            let denied: Vec<&CheckResult> = verdict
-                .checks
-                .iter()
-                .filter(|c| c.enforced() && !c.decision.allowed)
-                .collect();
+            let denied: Vec<&LimitResult> = verdict.refusing().collect();
             if let Some(fake) = denied.iter().find_map(|c| match c.rule.as_deref() {
                 Some(r) => match &r.action {
                     Action::Fake {
@@ -141,7 +137,7 @@ struct DelayWait {
     max_wait: Duration,
 }
 
-fn delay_wait(denied: &[&CheckResult]) -> Option<DelayWait> {
+fn delay_wait(denied: &[&LimitResult]) -> Option<DelayWait> {
     let mut retry = Duration::ZERO;
     let mut max_wait = Duration::MAX;
     for c in denied {
@@ -159,7 +155,7 @@ fn delay_wait(denied: &[&CheckResult]) -> Option<DelayWait> {
 
 fn log_shadow(domain: &str, verdict: &Verdict) {
     for c in verdict
-        .checks
+        .limits
         .iter()
         .filter(|c| !c.enforced() && !c.decision.allowed)
     {
@@ -167,29 +163,12 @@ fn log_shadow(domain: &str, verdict: &Verdict) {
     }
 }
 
-/// Whether a limit shows in the answer's rate-limit fields: every limit but a shadow one, which
-/// is a dark launch and must not be visible.
-fn visible(c: &CheckResult) -> bool {
-    c.rule
-        .as_deref()
-        .is_none_or(|r| !r.shadow && !matches!(r.action, Action::Shadow))
-}
-
-fn quotas(verdict: &Verdict) -> Vec<Quota<'_>> {
-    verdict
-        .checks
-        .iter()
-        .filter(|c| visible(c))
-        .map(|c| Quota::new(&c.name, &c.policy, &c.decision))
-        .collect()
-}
-
 /// The fields of a request that passes: the rate-limit fields without `Retry-After`, and the
 /// warning of any `soft` limit it went over.
 fn pass_headers(verdict: &Verdict, style: HeaderStyle) -> Vec<(HeaderName, HeaderValue)> {
-    let mut out = rate_limit_headers(&quotas(verdict), style);
+    let mut out = verdict.headers(style);
     out.retain(|(k, _)| k != RETRY_AFTER);
-    for c in verdict.checks.iter().filter(|c| !c.decision.allowed) {
+    for c in verdict.limits.iter().filter(|c| !c.decision.allowed) {
         let Some(Action::Soft { header }) = c.rule.as_deref().map(|r| &r.action) else {
             continue;
         };
@@ -219,18 +198,8 @@ fn sanitize(name: &str) -> String {
 /// `429 Too Many Requests` with the rate-limit fields, `Retry-After` and an
 /// `application/problem+json` body naming the violated policies.
 pub fn reject(verdict: &Verdict, style: HeaderStyle, why: &str) -> Response<Full<Bytes>> {
-    let violated: Vec<&str> = verdict
-        .checks
-        .iter()
-        .filter(|c| c.enforced() && !c.decision.allowed)
-        .map(|c| &*c.name)
-        .collect();
-    let retry = verdict
-        .checks
-        .iter()
-        .filter(|c| c.enforced() && !c.decision.allowed)
-        .filter_map(|c| retry_after_secs(&c.decision))
-        .max();
+    let violated: Vec<&str> = verdict.refusing().map(|c| &*c.name).collect();
+    let retry = verdict.retry_after_secs();
     let detail = match (why, retry) {
         ("queue_full", _) => {
             "the request would have waited its turn, but the delay queue is full".to_owned()
@@ -252,7 +221,7 @@ pub fn reject(verdict: &Verdict, style: HeaderStyle, why: &str) -> Response<Full
         CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    for (k, v) in rate_limit_headers(&quotas(verdict), style) {
+    for (k, v) in verdict.headers(style) {
         headers.insert(k, v);
     }
     response

@@ -10,9 +10,8 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 use sluice_rules::{Gateway, Route, RouteHeaders, ValueSource, strip_port};
 
 use crate::client_ip::push_ip;
-use crate::headers::HeaderStyle;
-use crate::limiter::{LimitRequest, RequestDescriptor};
-use crate::limits::{MAX_DESCRIPTORS, MAX_FIELD_LEN};
+use sluice_limiter::limits::{MAX_DESCRIPTORS, MAX_FIELD_LEN};
+use sluice_limiter::{HeaderStyle, LimitRequest, RequestDescriptor};
 
 /// What a request is limited by, and how its answer reports it.
 #[derive(Debug, Clone)]

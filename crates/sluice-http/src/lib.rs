@@ -1,42 +1,38 @@
-//! HTTP front ends for Sluice.
+//! What an axum or hyper application embeds to rate-limit its own requests with Sluice: key
+//! extraction from HTTP requests, the client IP behind trusted proxies, the rules' actions
+//! (`reject`, `fake`, `delay`, `soft`), the tower [`SharedLimitLayer`], and the admin endpoints.
 //!
-//! - [`Limiter`] is the one decision path every front end ends in: descriptors, rules, checks,
-//!   store, verdict, with fallback on store errors and metrics. The service (`sluice serve`),
-//!   the gateway and the tower layer all call it, so nothing about limiting is decided twice.
-//! - [`rate_limit_headers`] tells a decision to an HTTP client.
+//! Every decision is the engine's ([`sluice_limiter::Limiter`]); this crate only turns an HTTP
+//! request into a [`sluice_limiter::LimitRequest`] and a [`sluice_limiter::Verdict`] into an
+//! answer. `sluice proxy` (the `sluice-gateway` crate) is this layer around a forwarding
+//! service.
 //!
 //! ```
-//! use std::time::Duration;
-//! use sluice_core::{Decision, Policy, Rate, TokenBucket};
-//! use sluice_http::{HeaderStyle, Quota, rate_limit_headers};
+//! use std::sync::Arc;
+//! use sluice_core::{MemoryStore, Policy, Rate, TokenBucket};
+//! use sluice_http::SharedLimitLayer;
 //!
-//! let policy = Policy::from(TokenBucket::new(10, Rate::per_second(10)).unwrap());
-//! let decision = Decision {
-//!     allowed: true, limit: 10, remaining: 7, reset_after: Duration::from_millis(300),
-//!     retry_after: Duration::ZERO, delay: Duration::ZERO,
-//! };
-//! let headers = rate_limit_headers(&[Quota::new("burst", &policy, &decision)], HeaderStyle::Ietf);
-//! assert_eq!(headers[0].1, "\"burst\";q=10;w=1");
-//! assert_eq!(headers[1].1, "\"burst\";r=7;t=1");
+//! let policy = Policy::from(TokenBucket::new(20, Rate::per_second(10)).unwrap());
+//! let layer = SharedLimitLayer::with_policy(policy, Arc::new(MemoryStore::new()), |_, ip| {
+//!     Some(ip.to_string())
+//! });
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/", axum::routing::get(|| async { "hello" }))
+//!     .layer(layer);
 //! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+#[cfg(feature = "axum")]
+pub mod admin;
 pub mod client_ip;
 mod enforce;
 pub mod extract;
-mod headers;
-pub mod limiter;
-pub mod limits;
-pub mod metrics;
 pub mod middleware;
-pub mod proxy;
+#[cfg(feature = "axum")]
+pub mod problem;
 
 pub use enforce::{DEFAULT_MAX_DELAYED, Enforcement, Enforcer, QUOTA_EXCEEDED, reject};
 pub use extract::Extracted;
-pub use headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
-pub use limiter::{LimitRequest, Limiter, RequestDescriptor, Verdict};
-pub use metrics::{Metrics, Outcome};
-pub use middleware::{PeerAddr, RateLimit, RateLimitLayer};
-pub use proxy::{Proxy, ProxyError, ProxyOptions};
+pub use middleware::{PeerAddr, SharedLimit, SharedLimitLayer};

@@ -1,6 +1,4 @@
-//! `RateLimitLayer` inside an axum app, and the delay queue under paused time.
-
-mod common;
+//! `SharedLimitLayer` inside an axum app, and the delay queue under paused time.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -8,11 +6,12 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use common::{TokioClock, header, limiter, limiter_with};
 use http::{Request, StatusCode};
 use sluice_core::MemoryStore;
 use sluice_http::extract::Extracted;
-use sluice_http::{HeaderStyle, LimitRequest, PeerAddr, RateLimitLayer, RequestDescriptor};
+use sluice_http::{PeerAddr, SharedLimitLayer};
+use sluice_limiter::{HeaderStyle, LimitRequest, RequestDescriptor};
+use sluice_testing::{TokioClock, header, limiter, limiter_with};
 use tower::{Layer, Service, ServiceExt};
 
 const RULES: &str = r#"
@@ -47,7 +46,7 @@ async fn the_limit_holds_across_router_clones_and_connections() {
     let app = Router::new()
         .route("/limited", get(|| async { "hello" }))
         .route("/free", get(|| async { "free" }))
-        .layer(RateLimitLayer::new(limiter));
+        .layer(SharedLimitLayer::new(limiter));
     let addr = serve(app).await;
     // axum clones the router for every connection; a fresh client is a fresh connection.
     for i in 0..3 {
@@ -85,7 +84,7 @@ async fn the_limit_holds_across_router_clones_and_connections() {
 #[tokio::test]
 async fn a_custom_extractor_limits_by_what_the_application_says() {
     let (limiter, _clock, _dir) = limiter(RULES);
-    let layer = RateLimitLayer::with_extractor(limiter, |parts, _ip| {
+    let layer = SharedLimitLayer::with_extractor(limiter, |parts, _ip| {
         let user = parts.headers.get("x-user")?.to_str().ok()?.to_owned();
         Some(Extracted {
             request: LimitRequest {
@@ -146,7 +145,7 @@ fn recording(
 ) -> (
     impl Service<
         Request<String>,
-        Response = http::Response<sluice_http::middleware::RateLimitBody<String>>,
+        Response = http::Response<sluice_http::middleware::SharedLimitBody<String>>,
         Error = std::convert::Infallible,
         Future = impl Send,
     > + Clone
@@ -168,7 +167,7 @@ fn recording(
             Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
         }
     });
-    let layer = RateLimitLayer::new(limiter).max_delayed(max_delayed);
+    let layer = SharedLimitLayer::new(limiter).max_delayed(max_delayed);
     let enforcer = layer.enforcer().clone();
     (layer.layer(inner), seen, enforcer, dir)
 }
@@ -288,7 +287,7 @@ async fn a_single_policy_and_a_key_closure_need_no_rules_file() {
     let policy = Policy::from(
         FixedWindow::new(3, Duration::from_secs(60), Alignment::FirstRequest).unwrap(),
     );
-    let layer = RateLimitLayer::with_policy(policy, store, |parts, ip| {
+    let layer = SharedLimitLayer::with_policy(policy, store, |parts, ip| {
         if parts.uri.path() == "/free" {
             return None;
         }

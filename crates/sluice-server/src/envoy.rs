@@ -11,7 +11,8 @@ pub use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use sluice_rules::Unit;
 
-use crate::limiter::{LimitOverride, LimitRequest, RequestDescriptor, Verdict};
+use sluice_limiter::limits::MAX_DESCRIPTORS;
+use sluice_limiter::{LimitOverride, LimitRequest, RequestDescriptor, Verdict};
 
 /// The Envoy unit whose length is exactly `window`, or `Unknown` for Sluice's free windows.
 pub fn envoy_unit(window: Duration) -> EnvoyUnit {
@@ -44,8 +45,7 @@ fn unit_from_envoy(unit: i32) -> Option<Unit> {
 /// says; a descriptor's own `hits_addend`, when present, overrides it, and a present 0 checks
 /// without consuming.
 pub fn to_limit_request(req: RateLimitRequest) -> Result<LimitRequest, String> {
-    let mut descriptors =
-        Vec::with_capacity(req.descriptors.len().min(crate::limits::MAX_DESCRIPTORS));
+    let mut descriptors = Vec::with_capacity(req.descriptors.len().min(MAX_DESCRIPTORS));
     for (i, d) in req.descriptors.into_iter().enumerate() {
         let limit_override = match d.limit {
             Some(o) => Some(LimitOverride {
@@ -72,20 +72,25 @@ pub fn to_limit_request(req: RateLimitRequest) -> Result<LimitRequest, String> {
     })
 }
 
-/// A [`Verdict`] as Envoy's response, for `descriptors` descriptors. A descriptor refused only
-/// by a shadow (or soft) limit reads `OK` with nothing remaining, as envoyproxy/ratelimit
-/// answers in shadow mode.
+/// A [`Verdict`] as Envoy's response, for `descriptors` descriptors: each status describes the
+/// limit [`Verdict::status`] chooses. A descriptor refused only by a shadow (or soft) limit
+/// reads `OK` with nothing remaining, as envoyproxy/ratelimit answers in shadow mode.
 pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
     let statuses = (0..descriptors)
-        .map(|i| match verdict.tightest(i) {
-            None => DescriptorStatus {
-                code: Code::Ok as i32,
-                ..Default::default()
-            },
-            Some(c) => {
-                let over = c.enforced() && !c.decision.allowed;
-                DescriptorStatus {
-                    code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        .map(|i| {
+            let status = verdict.status(i);
+            let code = if status.refused {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            } as i32;
+            match status.limit {
+                None => DescriptorStatus {
+                    code,
+                    ..Default::default()
+                },
+                Some(c) => DescriptorStatus {
+                    code,
                     current_limit: Some(RateLimit {
                         name: c
                             .rule
@@ -99,7 +104,7 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
                     limit_remaining: u32::try_from(c.decision.remaining).unwrap_or(u32::MAX),
                     duration_until_reset: Some(proto_duration(c.decision.reset_after)),
                     ..Default::default()
-                }
+                },
             }
         })
         .collect();

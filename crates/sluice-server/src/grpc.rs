@@ -6,11 +6,11 @@ use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
-use sluice_http::{HeaderStyle, Quota, rate_limit_headers};
+use sluice_limiter::limits::MAX_BODY;
+use sluice_limiter::{HeaderStyle, Limiter};
 use tonic::{Request, Response, Status};
 
 use crate::envoy::{RateLimitRequest, RateLimitResponse, to_limit_request, to_response};
-use crate::limiter::Limiter;
 
 /// The gRPC rate-limit service.
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ impl RlsService {
 
     /// The tonic server for this service.
     pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self).max_decoding_message_size(crate::limits::MAX_BODY)
+        RateLimitServiceServer::new(self).max_decoding_message_size(MAX_BODY)
     }
 }
 
@@ -46,12 +46,8 @@ impl RateLimitService for RlsService {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let mut response = to_response(&verdict, request.descriptors.len());
         if self.headers != HeaderStyle::None {
-            let quotas: Vec<Quota<'_>> = verdict
-                .checks
-                .iter()
-                .map(|c| Quota::new(&c.name, &c.policy, &c.decision))
-                .collect();
-            response.response_headers_to_add = rate_limit_headers(&quotas, self.headers)
+            response.response_headers_to_add = verdict
+                .headers(self.headers)
                 .into_iter()
                 .map(|(k, v)| HeaderValue {
                     key: k.as_str().to_owned(),

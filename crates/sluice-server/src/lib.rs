@@ -17,29 +17,18 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod api;
-pub mod bench;
 pub mod envoy;
 pub mod grpc;
-pub mod problem;
-pub mod store_url;
-
-// The decision path lives in sluice-http so the gateway and the tower layer share it; the
-// service re-exports it under its old paths.
-pub use sluice_http::{limiter, limits, metrics};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_http::HeaderStyle;
-use sluice_rules::{LoadError, Reloader};
+use sluice_limiter::{HeaderStyle, Limiter, OpenStore, StoreSettings, store_url};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-pub use limiter::{LimitRequest, Limiter, RequestDescriptor, Verdict};
-pub use metrics::{Metrics, Outcome};
 
 /// How to run the service.
 #[derive(Debug, Clone)]
@@ -61,7 +50,7 @@ pub struct ServeOptions {
     /// How long rule files must be quiet before a change is reloaded.
     pub reload_debounce: Duration,
     /// Key prefix and call timeout for a Redis store.
-    pub store_settings: store_url::StoreSettings,
+    pub store_settings: StoreSettings,
 }
 
 impl ServeOptions {
@@ -76,7 +65,7 @@ impl ServeOptions {
             http_headers: HeaderStyle::Ietf,
             grpc_headers: HeaderStyle::None,
             reload_debounce: Duration::from_millis(250),
-            store_settings: store_url::StoreSettings::default(),
+            store_settings: StoreSettings::default(),
         }
     }
 }
@@ -84,13 +73,9 @@ impl ServeOptions {
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The rules are invalid, or hold a rule the store cannot; the error names every
-    /// `file:line:col`.
-    #[error("invalid rules:\n{0}")]
-    Rules(LoadError),
-    /// The store could not be opened.
+    /// The rules or the store could not be loaded.
     #[error(transparent)]
-    Store(#[from] store_url::StoreUrlError),
+    Limiter(#[from] sluice_limiter::StartError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -99,17 +84,6 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
-    /// The rule files cannot be watched.
-    #[error("cannot watch the rule files for changes: {0}")]
-    Watch(String),
-}
-
-// Not `#[from]`: that would make the rule errors the source as well, and a report of the error
-// chain (`sluice: {e:#}`) would print every one of them twice.
-impl From<LoadError> for StartError {
-    fn from(e: LoadError) -> Self {
-        StartError::Rules(e)
-    }
 }
 
 /// A running service.
@@ -127,7 +101,9 @@ impl Server {
     /// Opens the store, loads the rules (refusing any the store cannot hold, then and on every
     /// reload), binds both listeners and starts serving.
     pub async fn start(options: ServeOptions) -> Result<Server, StartError> {
-        let store = store_url::open(&options.store, &options.store_settings).await?;
+        let store = store_url::open(&options.store, &options.store_settings)
+            .await
+            .map_err(sluice_limiter::StartError::from)?;
         Self::start_with_open_store(options, store).await
     }
 
@@ -137,20 +113,15 @@ impl Server {
         options: ServeOptions,
         store: Arc<dyn sluice_core::DynStore>,
     ) -> Result<Server, StartError> {
-        Self::start_with_open_store(options, store_url::OpenStore::plain(store)).await
+        Self::start_with_open_store(options, OpenStore::plain(store)).await
     }
 
     async fn start_with_open_store(
         options: ServeOptions,
-        opened: store_url::OpenStore,
+        opened: OpenStore,
     ) -> Result<Server, StartError> {
-        let store = opened.store.clone();
-        let reloader = Reloader::with_check(options.config.clone(), opened.rule_check())?;
-        let watcher = reloader
-            .watch(options.reload_debounce)
-            .map_err(|e| StartError::Watch(e.to_string()))?;
-        log_reloads(&reloader);
-        let limiter = Arc::new(Limiter::new(reloader, store, Arc::new(Metrics::new())));
+        let watched = Limiter::watching(options.config.clone(), opened, options.reload_debounce)?;
+        let (limiter, watcher) = (watched.limiter, watched.watcher);
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
@@ -167,7 +138,6 @@ impl Server {
         let state = api::ApiState {
             limiter: limiter.clone(),
             admin_token: options.admin_token.map(Arc::from),
-            redis: opened.redis,
             headers: options.http_headers,
         };
         let app = api::router(state).into_make_service_with_connect_info::<SocketAddr>();
@@ -241,34 +211,6 @@ impl Server {
         for t in self.tasks {
             let _ = t.await;
         }
-    }
-}
-
-/// Logs every reload's outcome, on a thread of its own that ends with the reloader.
-fn log_reloads(reloader: &Reloader) {
-    let events = reloader.subscribe();
-    let spawned = std::thread::Builder::new()
-        .name("sluice-reload-log".into())
-        .spawn(move || {
-            for event in events {
-                match event {
-                    sluice_rules::ReloadEvent::Reloaded { fingerprint } => {
-                        tracing::info!(
-                            fingerprint = format!("{fingerprint:016x}"),
-                            "rules reloaded"
-                        );
-                    }
-                    sluice_rules::ReloadEvent::Unchanged => {
-                        tracing::debug!("rule files touched; rules unchanged");
-                    }
-                    sluice_rules::ReloadEvent::Failed(e) => {
-                        tracing::error!("rules not reloaded; the old rules stay in force:\n{e}");
-                    }
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the reload logger; reloads still happen");
     }
 }
 

@@ -15,8 +15,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use serde_json::{Value, json};
 use sluice_core::{FakeClock, MemoryStore, Timestamp};
-use sluice_http::HeaderStyle;
-use sluice_server::{Outcome, ServeOptions, Server};
+use sluice_limiter::{HeaderStyle, Outcome};
+use sluice_server::{ServeOptions, Server};
 
 const RULES: &str = r#"
 domain: shop

@@ -1,4 +1,4 @@
-//! The future a [`RateLimit`](super::RateLimit) service returns.
+//! The future a [`SharedLimit`](super::SharedLimit) service returns.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,4 +1,4 @@
-//! [`RateLimitLayer`]: how the middleware is configured.
+//! [`SharedLimitLayer`]: how the middleware is configured.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -11,13 +11,11 @@ use sluice_rules::{
 };
 use tower_layer::Layer;
 
-use super::service::RateLimit;
+use super::service::SharedLimit;
 use crate::client_ip::client_ip;
 use crate::enforce::{DEFAULT_MAX_DELAYED, Enforcer};
 use crate::extract::{Extracted, extract};
-use crate::headers::HeaderStyle;
-use crate::limiter::{LimitRequest, Limiter, RequestDescriptor};
-use crate::metrics::Metrics;
+use sluice_limiter::{HeaderStyle, LimitRequest, Limiter, Metrics, RequestDescriptor};
 
 /// The socket peer of a request, as a request extension. The gateway sets it; under axum the
 /// layer also reads `ConnectInfo<SocketAddr>` (with the `axum` feature). Without either, the
@@ -25,7 +23,7 @@ use crate::metrics::Metrics;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
 
-/// The domain of the rule set [`RateLimitLayer::with_policy`] builds.
+/// The domain of the rule set [`SharedLimitLayer::with_policy`] builds.
 const POLICY_DOMAIN: &str = "layer";
 /// The descriptor key its requests carry.
 const POLICY_KEY: &str = "key";
@@ -93,28 +91,29 @@ fn peer_ip(parts: &Parts) -> IpAddr {
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
 /// use sluice_core::MemoryStore;
-/// use sluice_http::{Limiter, Metrics, RateLimitLayer};
+/// use sluice_http::SharedLimitLayer;
+/// use sluice_limiter::{Limiter, Metrics};
 /// use sluice_rules::Reloader;
 ///
 /// let rules = Reloader::new(vec!["examples/gateway.yaml".into()])?;
 /// let limiter = Arc::new(Limiter::new(rules, Arc::new(MemoryStore::new()), Arc::new(Metrics::new())));
 /// let app: axum::Router = axum::Router::new()
 ///     .route("/api/hello", axum::routing::get(|| async { "hello" }))
-///     .layer(RateLimitLayer::new(limiter));
+///     .layer(SharedLimitLayer::new(limiter));
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct RateLimitLayer {
+pub struct SharedLimitLayer {
     shared: Arc<Shared>,
 }
 
-impl std::fmt::Debug for RateLimitLayer {
+impl std::fmt::Debug for SharedLimitLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RateLimitLayer").finish_non_exhaustive()
+        f.debug_struct("SharedLimitLayer").finish_non_exhaustive()
     }
 }
 
-impl RateLimitLayer {
+impl SharedLimitLayer {
     /// Limits requests by the `routes` of the limiter's rules, exactly as `sluice proxy` does.
     pub fn new(limiter: Arc<Limiter>) -> Self {
         Self::build(limiter, Keys::Routes)
@@ -135,10 +134,10 @@ impl RateLimitLayer {
     /// ```
     /// use std::sync::Arc;
     /// use sluice_core::{MemoryStore, Policy, Rate, TokenBucket};
-    /// use sluice_http::RateLimitLayer;
+    /// use sluice_http::SharedLimitLayer;
     ///
     /// let policy = Policy::from(TokenBucket::new(20, Rate::per_second(10)).unwrap());
-    /// let layer = RateLimitLayer::with_policy(policy, Arc::new(MemoryStore::new()), |parts, ip| {
+    /// let layer = SharedLimitLayer::with_policy(policy, Arc::new(MemoryStore::new()), |parts, ip| {
     ///     let user = parts.headers.get("x-user").and_then(|v| v.to_str().ok());
     ///     Some(user.map_or_else(|| ip.to_string(), str::to_owned))
     /// });
@@ -150,7 +149,7 @@ impl RateLimitLayer {
     where
         F: Fn(&Parts, IpAddr) -> Option<String> + Send + Sync + 'static,
     {
-        let location = Location::start_of(Arc::from("RateLimitLayer::with_policy"));
+        let location = Location::start_of(Arc::from("SharedLimitLayer::with_policy"));
         let limit = LimitConfig {
             name: Some(Arc::from("limit")),
             policy: Arc::new(policy),
@@ -195,7 +194,7 @@ impl RateLimitLayer {
     }
 
     fn build(limiter: Arc<Limiter>, keys: Keys) -> Self {
-        RateLimitLayer {
+        SharedLimitLayer {
             shared: Arc::new(Shared {
                 enforcer: Enforcer::new(limiter, DEFAULT_MAX_DELAYED),
                 keys,
@@ -223,10 +222,10 @@ impl RateLimitLayer {
     }
 }
 
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimit<S>;
+impl<S> Layer<S> for SharedLimitLayer {
+    type Service = SharedLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, self.shared.clone())
+        SharedLimit::new(inner, self.shared.clone())
     }
 }

@@ -1,4 +1,4 @@
-//! The tower middleware: [`RateLimitLayer`] wraps any tower service or axum router.
+//! The tower middleware: [`SharedLimitLayer`] wraps any tower service or axum router.
 //!
 //! Every clone of the layer and of the services it makes shares one [`Enforcer`] and so one
 //! limiter. Under axum, which clones the router for each connection, the limit therefore holds
@@ -11,5 +11,5 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use layer::{KeyExtractor, PeerAddr, RateLimitLayer};
-pub use service::{RateLimit, RateLimitBody};
+pub use layer::{KeyExtractor, PeerAddr, SharedLimitLayer};
+pub use service::{SharedLimit, SharedLimitBody};

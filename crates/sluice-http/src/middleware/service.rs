@@ -1,4 +1,4 @@
-//! [`RateLimit`]: the service the layer wraps around another.
+//! [`SharedLimit`]: the service the layer wraps around another.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -14,34 +14,34 @@ use crate::enforce::Enforcement;
 
 /// The body of a rate-limited service's answers: the inner service's, or Sluice's own
 /// (a `429`, a `fake` answer).
-pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
+pub type SharedLimitBody<B> = Either<B, Full<Bytes>>;
 
 /// A service that decides each request before the inner service sees it.
-pub struct RateLimit<S> {
+pub struct SharedLimit<S> {
     inner: S,
     shared: Arc<Shared>,
 }
 
-impl<S: Clone> Clone for RateLimit<S> {
+impl<S: Clone> Clone for SharedLimit<S> {
     fn clone(&self) -> Self {
-        RateLimit {
+        SharedLimit {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
         }
     }
 }
 
-impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
+impl<S: std::fmt::Debug> std::fmt::Debug for SharedLimit<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RateLimit")
+        f.debug_struct("SharedLimit")
             .field("inner", &self.inner)
             .finish_non_exhaustive()
     }
 }
 
-impl<S> RateLimit<S> {
+impl<S> SharedLimit<S> {
     pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
-        RateLimit { inner, shared }
+        SharedLimit { inner, shared }
     }
 
     /// The inner service.
@@ -60,7 +60,7 @@ impl<S> RateLimit<S> {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for SharedLimit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -68,7 +68,7 @@ where
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
-    type Response = Response<RateLimitBody<ResBody>>;
+    type Response = Response<SharedLimitBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<Self::Response, Self::Error>;
 

@@ -1,4 +1,5 @@
-//! `sluice bench`: a load generator for HTTP and gRPC, with latency percentiles.
+//! `sluice bench`: a load generator for HTTP and gRPC, with latency percentiles, and the trivial
+//! upstream other runs are compared with.
 //!
 //! It drives any HTTP endpoint (the service's `/json` or `/v1/check`, a gateway, or the API
 //! behind it) or the Envoy rate-limit gRPC service, in one of two ways:
@@ -18,6 +19,9 @@
 //! Every answer is counted as allowed (HTTP 2xx, gRPC `OK`), limited (HTTP 429, gRPC
 //! `OVER_LIMIT`) or an error, named by its status or cause.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
 mod grpc;
 mod http;
 mod report;
@@ -32,7 +36,7 @@ use tokio::time::Instant;
 pub use grpc::GrpcTarget;
 pub use http::{HttpTarget, Version};
 pub use report::{Latency, Report};
-pub use upstream::{Upstream, serve_upstream};
+pub use upstream::{TrivialUpstream, serve_trivial_upstream};
 
 /// How much load to offer, and for how long.
 #[derive(Debug, Clone)]

@@ -1,5 +1,6 @@
 //! Prometheus metrics: decisions by domain, rule and outcome, decision latency, store errors,
-//! tracked keys, rule reloads, the most limited keys and the build.
+//! tracked keys, rule reloads, the most limited keys, the build, and for a Redis store its
+//! breaker state and refunds. Everything goes through one registry.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -64,6 +65,33 @@ struct KeyLabels {
     key: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BreakerLabels {
+    state: &'static str,
+}
+
+/// What a [`Metrics::render`] reads from the rest of the service, so that gauges and mirrored
+/// counters are current when they are exposed.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Counters the store tracks, if it can tell.
+    pub tracked_keys: Option<usize>,
+    /// Reloads that put a new rule set in force.
+    pub reloads: u64,
+    /// Reloads refused.
+    pub reload_failures: u64,
+    /// The Redis store's statistics, when the store is Redis.
+    pub redis: Option<sluice_redis::RedisStats>,
+}
+
+/// The Redis store's series, registered when the store is Redis.
+struct RedisSeries {
+    breaker: Family<BreakerLabels, Gauge>,
+    short_circuited: Counter<u64, AtomicU64>,
+    refunds: Counter<u64, AtomicU64>,
+    refund_failures: Counter<u64, AtomicU64>,
+}
+
 /// How many limited keys are remembered for the top-limited report; beyond it the least
 /// limited are dropped, so a flood of keys cannot grow it.
 const TOP_KEYS_CAPACITY: usize = 1024;
@@ -81,6 +109,7 @@ pub struct Metrics {
     reload_failures: Counter<u64, AtomicU64>,
     top_limited: Family<KeyLabels, Gauge>,
     limited_counts: Mutex<HashMap<String, u64>>,
+    redis: std::sync::OnceLock<RedisSeries>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -159,6 +188,7 @@ impl Metrics {
             reload_failures,
             top_limited,
             limited_counts: Mutex::new(HashMap::new()),
+            redis: std::sync::OnceLock::new(),
         }
     }
 
@@ -227,20 +257,80 @@ impl Metrics {
         counts.insert(key.to_owned(), 1);
     }
 
-    /// The Prometheus text exposition, with gauges refreshed from their sources.
-    pub fn render(
-        &self,
-        tracked_keys: Option<usize>,
-        reloads: u64,
-        reload_failures: u64,
-    ) -> String {
-        if let Some(n) = tracked_keys {
+    /// Registers the Redis store's series: its breaker state, calls short-circuited by the
+    /// breaker, and multi-slot refunds. Idempotent.
+    pub fn register_redis(&self) {
+        self.redis.get_or_init(|| {
+            let series = RedisSeries {
+                breaker: Family::default(),
+                short_circuited: Counter::default(),
+                refunds: Counter::default(),
+                refund_failures: Counter::default(),
+            };
+            let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+            registry.register(
+                "store_breaker_state",
+                "The Redis circuit breaker's state (1 for the current one)",
+                series.breaker.clone(),
+            );
+            registry.register(
+                "store_short_circuited",
+                "Store calls failed at once because the breaker was open",
+                series.short_circuited.clone(),
+            );
+            registry.register(
+                "store_refunds",
+                "Requests whose checks spanned Cluster slots and were refunded",
+                series.refunds.clone(),
+            );
+            registry.register(
+                "store_refund_failures",
+                "Refunds that failed, leaving a reservation to expire",
+                series.refund_failures.clone(),
+            );
+            series
+        });
+    }
+
+    /// The Prometheus text exposition, with gauges and mirrored counters refreshed from
+    /// `snapshot`.
+    pub fn render(&self, snapshot: &Snapshot) -> String {
+        if let Some(n) = snapshot.tracked_keys {
             self.tracked_keys.set(i64::try_from(n).unwrap_or(i64::MAX));
         }
-        self.reloads.inner().store(reloads, Ordering::Relaxed);
+        self.reloads
+            .inner()
+            .store(snapshot.reloads, Ordering::Relaxed);
         self.reload_failures
             .inner()
-            .store(reload_failures, Ordering::Relaxed);
+            .store(snapshot.reload_failures, Ordering::Relaxed);
+        if let (Some(stats), Some(series)) = (&snapshot.redis, self.redis.get()) {
+            use sluice_redis::BreakerState;
+            for state in [
+                BreakerState::Closed,
+                BreakerState::Open,
+                BreakerState::HalfOpen,
+            ] {
+                series
+                    .breaker
+                    .get_or_create(&BreakerLabels {
+                        state: state.name(),
+                    })
+                    .set(i64::from(state == stats.breaker));
+            }
+            series
+                .short_circuited
+                .inner()
+                .store(stats.short_circuited, Ordering::Relaxed);
+            series
+                .refunds
+                .inner()
+                .store(stats.refunds, Ordering::Relaxed);
+            series
+                .refund_failures
+                .inner()
+                .store(stats.refund_failures, Ordering::Relaxed);
+        }
         {
             let counts = self
                 .limited_counts

@@ -12,226 +12,21 @@ use sluice_core::{
     Alignment, Check, Decision, DynStore, FixedWindow, MemoryStore, OnStoreError, Policy,
     decide_without_store,
 };
-use sluice_rules::{Action, DescriptorEntries, Reloader, Rule, RuleSet, Unit};
+use sluice_rules::{Mode, Reloader, Rule, RuleSet};
 
-use crate::limits::{MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_FIELD_LEN};
-use crate::metrics::{Metrics, Outcome};
+use sluice_redis::{BreakerState, RedisStore};
 
-/// One descriptor of a request, as every front end parses it.
-#[derive(Debug, Clone, Default)]
-pub struct RequestDescriptor {
-    /// Ordered key/value entries.
-    pub entries: Vec<(String, String)>,
-    /// The descriptor's own cost (Envoy's per-descriptor `hits_addend`); a present 0 checks
-    /// without consuming.
-    pub cost: Option<u64>,
-    /// A limit sent with the request, replacing whatever the rules say for this descriptor
-    /// (Envoy's `RateLimitOverride`).
-    pub limit_override: Option<LimitOverride>,
-}
-
-/// A per-request limit (Envoy's `RateLimitOverride`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LimitOverride {
-    /// Requests per unit.
-    pub requests_per_unit: u64,
-    /// The unit.
-    pub unit: Unit,
-}
-
-impl DescriptorEntries for RequestDescriptor {
-    fn entry_count(&self) -> usize {
-        self.entries.len()
-    }
-    fn entry(&self, i: usize) -> (&str, &str) {
-        (&self.entries[i].0, &self.entries[i].1)
-    }
-    fn cost(&self) -> Option<u64> {
-        self.cost
-    }
-}
-
-/// A request to decide.
-#[derive(Debug, Clone, Default)]
-pub struct LimitRequest {
-    /// The rules domain.
-    pub domain: String,
-    /// The descriptors, each checked against the domain's rules.
-    pub descriptors: Vec<RequestDescriptor>,
-    /// The cost of each descriptor that has none of its own.
-    pub cost: u64,
-}
-
-/// Why a request cannot be decided. Every message names the field and the bound.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidRequest {
-    /// No domain.
-    #[error("`domain` is missing or empty; name the rules domain to check against")]
-    MissingDomain,
-    /// No descriptors.
-    #[error("`descriptors` is missing or empty; send at least one descriptor")]
-    NoDescriptors,
-    /// A descriptor without entries.
-    #[error("`descriptors[{0}].entries` is empty; a descriptor needs at least one entry")]
-    EmptyDescriptor(usize),
-    /// An entry without a key.
-    #[error("`descriptors[{0}].entries[{1}].key` is empty")]
-    EmptyKey(usize, usize),
-    /// Something too large.
-    #[error("`{field}` has {got}, more than the limit of {max}")]
-    TooLarge {
-        /// The field.
-        field: String,
-        /// What was sent.
-        got: usize,
-        /// The bound.
-        max: usize,
-    },
-    /// A cost out of range.
-    #[error("`{field}` is {got}, above the largest cost of {max}")]
-    CostTooLarge {
-        /// The field.
-        field: String,
-        /// What was sent.
-        got: u64,
-        /// The bound.
-        max: u64,
-    },
-}
-
-impl LimitRequest {
-    /// Checks the request against the bounds in [`crate::limits`].
-    pub fn validate(&self) -> Result<(), InvalidRequest> {
-        if self.domain.is_empty() {
-            return Err(InvalidRequest::MissingDomain);
-        }
-        within(&self.domain, || "domain".into())?;
-        if self.descriptors.is_empty() {
-            return Err(InvalidRequest::NoDescriptors);
-        }
-        at_most(self.descriptors.len(), MAX_DESCRIPTORS, || {
-            "descriptors".into()
-        })?;
-        if self.cost > MAX_COST {
-            return Err(InvalidRequest::CostTooLarge {
-                field: "hits_addend".into(),
-                got: self.cost,
-                max: MAX_COST,
-            });
-        }
-        for (i, d) in self.descriptors.iter().enumerate() {
-            if d.entries.is_empty() {
-                return Err(InvalidRequest::EmptyDescriptor(i));
-            }
-            at_most(d.entries.len(), MAX_ENTRIES, || {
-                format!("descriptors[{i}].entries")
-            })?;
-            if let Some(cost) = d.cost.filter(|c| *c > MAX_COST) {
-                return Err(InvalidRequest::CostTooLarge {
-                    field: format!("descriptors[{i}].hits_addend"),
-                    got: cost,
-                    max: MAX_COST,
-                });
-            }
-            for (j, (k, v)) in d.entries.iter().enumerate() {
-                if k.is_empty() {
-                    return Err(InvalidRequest::EmptyKey(i, j));
-                }
-                within(k, || format!("descriptors[{i}].entries[{j}].key"))?;
-                within(v, || format!("descriptors[{i}].entries[{j}].value"))?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// `got` against `max`. The field is named only when it is too large: every request is
-/// validated, and naming each field on the way costs more than the check.
-fn at_most(got: usize, max: usize, field: impl FnOnce() -> String) -> Result<(), InvalidRequest> {
-    if got > max {
-        return Err(InvalidRequest::TooLarge {
-            field: field(),
-            got,
-            max,
-        });
-    }
-    Ok(())
-}
-
-/// A text field's length in characters against [`MAX_FIELD_LEN`].
-fn within(text: &str, field: impl FnOnce() -> String) -> Result<(), InvalidRequest> {
-    // No more characters than bytes: a short text needs no counting.
-    if text.len() <= MAX_FIELD_LEN {
-        return Ok(());
-    }
-    at_most(text.chars().count(), MAX_FIELD_LEN, field)
-}
-
-/// How one limit of a request was decided.
-#[derive(Debug, Clone)]
-pub struct CheckResult {
-    /// Which descriptor it belongs to.
-    pub descriptor: usize,
-    /// The counter key.
-    pub key: String,
-    /// The name for headers and metrics: the rule's `name`, else its path.
-    pub name: Arc<str>,
-    /// The policy.
-    pub policy: Arc<Policy>,
-    /// The rule, absent for a per-request override.
-    pub rule: Option<Arc<Rule>>,
-    /// The store's answer (or the fallback's).
-    pub decision: Decision,
-    /// What it counts as.
-    pub outcome: Outcome,
-}
-
-impl CheckResult {
-    /// Whether a denial on this limit refuses the request (not shadow or soft).
-    pub fn enforced(&self) -> bool {
-        self.rule.as_ref().is_none_or(|r| enforces(r))
-    }
-}
-
-fn enforces(rule: &Rule) -> bool {
-    !rule.shadow && !matches!(rule.action, Action::Shadow | Action::Soft { .. })
-}
-
-/// The answer to a whole request.
-#[derive(Debug, Clone, Default)]
-pub struct Verdict {
-    /// Whether the request may go ahead.
-    pub allowed: bool,
-    /// Every limit that applied, in descriptor order.
-    pub checks: Vec<CheckResult>,
-    /// Indexes of descriptors that matched an `unlimited` rule.
-    pub unlimited: Vec<usize>,
-}
-
-impl Verdict {
-    /// The limits that applied to descriptor `i`.
-    pub fn for_descriptor(&self, i: usize) -> impl Iterator<Item = &CheckResult> {
-        self.checks.iter().filter(move |c| c.descriptor == i)
-    }
-
-    /// The enforced limit that restricts descriptor `i` most, if any applied.
-    pub fn tightest(&self, i: usize) -> Option<&CheckResult> {
-        self.for_descriptor(i).reduce(|a, b| {
-            let key = |c: &CheckResult| (c.enforced() && !c.decision.allowed, !c.decision.allowed);
-            match key(b).cmp(&key(a)) {
-                std::cmp::Ordering::Greater => b,
-                std::cmp::Ordering::Less => a,
-                std::cmp::Ordering::Equal if b.decision.remaining < a.decision.remaining => b,
-                std::cmp::Ordering::Equal => a,
-            }
-        })
-    }
-}
+use crate::metrics::{Metrics, Outcome, Snapshot};
+use crate::request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};
+use crate::store_url::OpenStore;
+use crate::verdict::{LimitResult, Verdict};
 
 /// The limiter: rules, a store, a local fallback store and metrics.
 pub struct Limiter {
     rules: Arc<Reloader>,
     store: Arc<dyn DynStore>,
+    /// The Redis store behind `store`, if it is one, for its breaker and statistics.
+    redis: Option<RedisStore>,
     local: MemoryStore,
     metrics: Arc<Metrics>,
     /// Each rule's decision counters, so that counting a decision neither copies nor hashes
@@ -284,19 +79,48 @@ struct Planned {
     cost: u64,
     policy: Arc<Policy>,
     rule: Option<Arc<Rule>>,
+    mode: Mode,
 }
 
 impl Limiter {
     /// A limiter over `rules` and `store`.
     pub fn new(rules: Arc<Reloader>, store: Arc<dyn DynStore>, metrics: Arc<Metrics>) -> Self {
+        Self::with_open_store(rules, OpenStore::plain(store), metrics)
+    }
+
+    /// A limiter over `rules` and a store opened from its URL ([`crate::store_url::open`]),
+    /// whose health (a Redis store's breaker and refunds) it reports in its metrics and
+    /// readiness.
+    pub fn with_open_store(rules: Arc<Reloader>, opened: OpenStore, metrics: Arc<Metrics>) -> Self {
+        if opened.redis.is_some() {
+            metrics.register_redis();
+        }
         Limiter {
             rules,
-            store,
+            store: opened.store,
+            redis: opened.redis,
             local: MemoryStore::new(),
             metrics,
             counters: RwLock::new(None),
             deny_retry: Duration::from_secs(1),
         }
+    }
+
+    /// The Redis store's circuit breaker, when the store is Redis.
+    pub fn breaker(&self) -> Option<BreakerState> {
+        self.redis.as_ref().map(RedisStore::breaker_state)
+    }
+
+    /// The metrics in Prometheus text form, every gauge refreshed from the rules, the store and
+    /// the reloader.
+    pub fn render_metrics(&self) -> String {
+        let stats = self.rules.stats();
+        self.metrics.render(&Snapshot {
+            tracked_keys: self.store.tracked_keys(),
+            reloads: stats.reloads.load(std::sync::atomic::Ordering::Relaxed),
+            reload_failures: stats.failures.load(std::sync::atomic::Ordering::Relaxed),
+            redis: self.redis.as_ref().map(RedisStore::stats),
+        })
     }
 
     /// The rules in force.
@@ -336,6 +160,7 @@ impl Limiter {
                 policy: m.rule.policy.clone(),
                 key: m.key,
                 cost: m.cost,
+                mode: m.rule.mode,
                 rule: Some(m.rule),
             });
         }
@@ -344,7 +169,7 @@ impl Limiter {
         // Enforced limits are all-or-nothing together; shadow and soft limits count on their
         // own, so that one of them refusing never stops a passing request from being counted.
         let (enforced, observed): (Vec<usize>, Vec<usize>) =
-            (0..planned.len()).partition(|&i| planned[i].rule.as_ref().is_none_or(|r| enforces(r)));
+            (0..planned.len()).partition(|&i| planned[i].mode.enforces());
         let (a, b) = if observed.is_empty() {
             (
                 self.check_group(&planned, &enforced).await,
@@ -372,14 +197,14 @@ impl Limiter {
         };
         let mut verdict = Verdict {
             allowed: true,
-            checks: Vec::with_capacity(planned.len()),
+            limits: Vec::with_capacity(planned.len()),
             unlimited: matches.unlimited,
         };
         for (p, r) in planned.into_iter().zip(results) {
             let Some((decision, store_failed)) = r else {
                 continue;
             };
-            let enforced = p.rule.as_ref().is_none_or(|r| enforces(r));
+            let enforced = p.mode.enforces();
             let outcome = match (decision.allowed, enforced, store_failed) {
                 (_, _, true) => Outcome::StoreError,
                 (true, _, _) => Outcome::Allowed,
@@ -400,12 +225,13 @@ impl Limiter {
             if outcome == Outcome::Limited {
                 self.metrics.limited_key(&p.key);
             }
-            verdict.checks.push(CheckResult {
+            verdict.limits.push(LimitResult {
                 descriptor: p.descriptor,
                 key: p.key,
                 name,
                 policy: p.policy,
                 rule: p.rule,
+                mode: p.mode,
                 decision,
                 outcome,
             });
@@ -518,6 +344,7 @@ fn override_check(
         cost: d.cost.unwrap_or(cost),
         policy: Arc::new(Policy::from(policy)),
         rule: None,
+        mode: Mode::Enforce,
     })
 }
 
@@ -568,30 +395,5 @@ mod tests {
         reloader.reload_now();
         limiter.decide(&request()).await.unwrap();
         assert_eq!((count("first"), count("second")), (3, 2));
-    }
-
-    #[test]
-    fn an_invalid_request_names_the_field_and_the_bound() {
-        let mut r = request();
-        r.descriptors[0].entries[0].1 = "é".repeat(MAX_FIELD_LEN + 1);
-        let e = r.validate().unwrap_err();
-        assert_eq!(
-            e,
-            InvalidRequest::TooLarge {
-                field: "descriptors[0].entries[0].value".into(),
-                got: MAX_FIELD_LEN + 1,
-                max: MAX_FIELD_LEN,
-            }
-        );
-        // Longer in bytes than the bound, but not in characters: valid.
-        r.descriptors[0].entries[0].1 = "é".repeat(MAX_FIELD_LEN / 2 + 1);
-        assert!(r.validate().is_ok());
-        r.descriptors[0].entries = vec![("k".into(), "v".into()); MAX_ENTRIES + 1];
-        assert!(
-            r.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("descriptors[0].entries")
-        );
     }
 }

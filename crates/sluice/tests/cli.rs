@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+use sluice_testing::free_port;
+
 fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
 }
@@ -62,14 +64,6 @@ fn every_option_reads_its_environment_variable() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("/nonexistent/rules.yaml"), "{stderr}");
-}
-
-/// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
 }
 
 /// The status line's code of a `GET path` sent over a fresh connection.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
+use sluice_bench::{self as bench, BenchError, GrpcTarget, HttpTarget, Load, Version};
 use sluice_core::{FakeClock, MemoryStore, Timestamp};
-use sluice_server::bench::{self, BenchError, GrpcTarget, HttpTarget, Load, Version};
 use sluice_server::{ServeOptions, Server};
 
 const RULES: &str = r#"
@@ -111,7 +111,7 @@ async fn grpc_counts_every_answer_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_sends_exactly_what_it_is_asked_and_measures_after_the_warm_up() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = bench::serve_upstream(listener).unwrap();
+    let upstream = bench::serve_trivial_upstream(listener).unwrap();
     let url = format!("http://{}/anything/{{n}}", upstream.addr());
     let target = HttpTarget::new(&url, Method::GET, &[], None, Version::Http1, 1).unwrap();
     let load = Load {

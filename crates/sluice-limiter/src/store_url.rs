@@ -1,10 +1,10 @@
-//! `--store`: which store to use, as a URL.
+//! Opening a store from its URL (`--store`): `memory`, `memory://?max_keys=N`, or a Redis URL.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::{DynStore, MemoryStore};
-use sluice_redis::{BreakerState, ConnectError, RedisOptions, RedisStore};
+use sluice_redis::{ConnectError, RedisOptions, RedisStore};
 use sluice_rules::{LoadError, RuleSet};
 
 /// The `--store` value could not be used.
@@ -70,15 +70,12 @@ impl OpenStore {
         OpenStore { store, redis: None }
     }
 
-    /// The circuit breaker's state, for a Redis store.
-    pub fn breaker(&self) -> Option<BreakerState> {
-        self.redis.as_ref().map(RedisStore::breaker_state)
-    }
-
     /// What every rule set must pass before it is put in force, at startup and on each reload
     /// (see [`sluice_rules::Reloader::with_check`]): that this store can hold every rule. The
     /// redis store, for one, cannot hold a window longer than about 104 days.
-    pub fn rule_check(&self) -> impl Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync + 'static {
+    pub fn supports_check(
+        &self,
+    ) -> impl Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync + 'static {
         let store = Arc::clone(&self.store);
         move |rules| rules.check_supported(|policy| store.supports(policy))
     }
@@ -104,7 +101,7 @@ fn kind(url: &str) -> Result<(Kind, &str), StoreUrlError> {
 /// The check that the store `url` names puts every rule through when rules load, without
 /// opening the store: `sluice validate --store` runs it where no Redis is reachable. A Redis URL
 /// is parsed, so that a mistyped one is reported too.
-pub fn rule_check_for(
+pub fn supports_check_for(
     url: &str,
 ) -> Result<impl Fn(&RuleSet) -> Result<(), LoadError>, StoreUrlError> {
     let redis = match kind(url)? {

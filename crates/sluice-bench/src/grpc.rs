@@ -9,7 +9,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use tonic::transport::{Channel, Endpoint};
 
 use super::{Answer, BenchError, Sender, Target, Template};
-use crate::envoy::{Code, RateLimitRequest};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// One descriptor: its entries, each value a template.
 type DescriptorTemplate = Vec<(String, Template)>;

@@ -17,13 +17,13 @@ use tokio::task::JoinHandle;
 
 /// A running trivial server.
 #[derive(Debug)]
-pub struct Upstream {
+pub struct TrivialUpstream {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
-impl Upstream {
+impl TrivialUpstream {
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -43,7 +43,7 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Inf
 }
 
 /// Serves the trivial answer on `listener` until shut down.
-pub fn serve_upstream(listener: TcpListener) -> std::io::Result<Upstream> {
+pub fn serve_trivial_upstream(listener: TcpListener) -> std::io::Result<TrivialUpstream> {
     let addr = listener.local_addr()?;
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
@@ -68,5 +68,5 @@ pub fn serve_upstream(listener: TcpListener) -> std::io::Result<Upstream> {
             });
         }
     });
-    Ok(Upstream { addr, stop, task })
+    Ok(TrivialUpstream { addr, stop, task })
 }

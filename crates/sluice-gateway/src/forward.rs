@@ -1,13 +1,9 @@
-//! `sluice proxy`: a reverse proxy that limits requests by the rules' `routes` before they reach
-//! the upstream, so the API behind it needs no change.
-//!
-//! It is the tower [`RateLimitLayer`] around a forwarding service: the gateway and the
-//! middleware answer alike because they are the same code. Bodies are streamed both ways,
-//! upstream connections are pooled and kept alive, clients may speak HTTP/1.1 or h2, and
-//! hop-by-hop fields are dropped as RFC 9110 §7.6.1 asks.
+//! Forwarding a request that the limits let through: the target on the upstream, hop-by-hop
+//! fields dropped as RFC 9110 §7.6.1 asks, `X-Forwarded-For` appended, and an error answer of
+//! the gateway's own when the upstream fails or is late.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -21,85 +17,23 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::graceful::GracefulShutdown;
-use sluice_rules::Cidr;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tower_layer::Layer;
+use sluice_http::PeerAddr;
+use sluice_http::client_ip::{X_FORWARDED_FOR, push_ip};
 use tower_service::Service;
 
-use crate::client_ip::{X_FORWARDED_FOR, push_ip};
-use crate::enforce::DEFAULT_MAX_DELAYED;
-use crate::limiter::Limiter;
-use crate::middleware::{PeerAddr, RateLimitLayer};
-
-mod upstream;
-
-pub use upstream::UpstreamBody;
-use upstream::{Upstream, UpstreamError};
-
-/// How to run the gateway.
-#[derive(Debug, Clone)]
-pub struct ProxyOptions {
-    /// Where it listens.
-    pub listen: SocketAddr,
-    /// The API behind it: `http://host:port`, optionally with a base path.
-    pub upstream: Uri,
-    /// How long the upstream may take to start answering before the client gets `504`.
-    pub upstream_timeout: Duration,
-    /// How long connecting to the upstream may take before the client gets `502`.
-    pub connect_timeout: Duration,
-    /// Speak h2 (prior knowledge) to the upstream instead of HTTP/1.1.
-    pub upstream_h2: bool,
-    /// At most this many requests wait in `delay` at once.
-    pub max_delayed: usize,
-    /// Proxies whose forwarding headers are believed, beyond the rules' `trusted_proxies`.
-    pub trusted_proxies: Vec<Cidr>,
-}
-
-impl ProxyOptions {
-    /// Defaults: listen on 127.0.0.1:8000, a 30 s upstream timeout, a 5 s connect timeout.
-    pub fn new(upstream: Uri) -> Self {
-        ProxyOptions {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
-            upstream,
-            upstream_timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_secs(5),
-            upstream_h2: false,
-            max_delayed: DEFAULT_MAX_DELAYED,
-            trusted_proxies: Vec::new(),
-        }
-    }
-}
-
-/// Why the gateway could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    /// The upstream is not an `http://host[:port]` URL.
-    #[error("upstream `{0}` is not usable; give it as http://host:port (https is not supported)")]
-    Upstream(String),
-    /// The listener could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
-}
+use crate::upstream_pool::{UpstreamBody, UpstreamError, UpstreamPool};
+use crate::{GatewayError, GatewayOptions};
 
 /// The body the gateway answers with: the upstream's, streamed, or one of its own.
-pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
+pub type GatewayBody = Either<UpstreamBody, Full<Bytes>>;
 
-/// Forwards requests to the upstream. Cheap to clone: clones share one [`Route`].
+/// Forwards requests to the upstream. Cheap to clone: clones share one [`Target`].
 #[derive(Clone)]
-struct Forward(Arc<Route>);
+pub(crate) struct Forward(Arc<Target>);
 
 /// Where requests go and how long they may take.
-struct Route {
-    upstream: Arc<Upstream>,
+struct Target {
+    pool: Arc<UpstreamPool>,
     scheme: Scheme,
     authority: Authority,
     /// The upstream's base path, without a trailing slash ("" for none).
@@ -110,8 +44,8 @@ struct Route {
 }
 
 impl Forward {
-    fn new(options: &ProxyOptions) -> Result<Self, ProxyError> {
-        let bad = || ProxyError::Upstream(options.upstream.to_string());
+    pub(crate) fn new(options: &GatewayOptions) -> Result<Self, GatewayError> {
+        let bad = || GatewayError::Upstream(options.upstream.to_string());
         let scheme = options.upstream.scheme().cloned().ok_or_else(bad)?;
         if scheme != Scheme::HTTP {
             return Err(bad());
@@ -122,8 +56,8 @@ impl Forward {
             authority.host(),
             authority.port_u16().unwrap_or(80)
         );
-        Ok(Forward(Arc::new(Route {
-            upstream: Arc::new(Upstream::new(
+        Ok(Forward(Arc::new(Target {
+            pool: Arc::new(UpstreamPool::new(
                 address,
                 options.connect_timeout,
                 options.upstream_h2,
@@ -137,7 +71,7 @@ impl Forward {
     }
 }
 
-impl Route {
+impl Target {
     /// The target to ask the upstream for: the base path, then the client's path and query.
     fn upstream_uri(&self, uri: &Uri) -> Option<Uri> {
         let pq = match uri.path_and_query() {
@@ -157,7 +91,7 @@ impl Route {
         Uri::from_parts(parts).ok()
     }
 
-    async fn forward(&self, mut request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn forward(&self, mut request: Request<Incoming>) -> Response<GatewayBody> {
         let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let Some(uri) = self.upstream_uri(request.uri()) else {
             return error(
@@ -184,7 +118,7 @@ impl Route {
         if let Some(ip) = peer {
             append_forwarded_for(request.headers_mut(), ip);
         }
-        match tokio::time::timeout(self.timeout, self.upstream.send(request)).await {
+        match tokio::time::timeout(self.timeout, self.pool.send(request)).await {
             Ok(Ok(mut response)) => {
                 strip_hop_by_hop(response.headers_mut());
                 response.map(Either::Left)
@@ -215,7 +149,7 @@ impl Route {
 }
 
 impl Service<Request<Incoming>> for Forward {
-    type Response = Response<ProxyBody>;
+    type Response = Response<GatewayBody>;
     type Error = Infallible;
     type Future = std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
@@ -226,13 +160,13 @@ impl Service<Request<Incoming>> for Forward {
     }
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
-        let route = Arc::clone(&self.0);
-        Box::pin(async move { Ok(route.forward(request).await) })
+        let target = Arc::clone(&self.0);
+        Box::pin(async move { Ok(target.forward(request).await) })
     }
 }
 
 /// A gateway error answer, as `application/problem+json`.
-fn error(status: StatusCode, detail: &str) -> Response<ProxyBody> {
+fn error(status: StatusCode, detail: &str) -> Response<GatewayBody> {
     let body = serde_json::json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("Error"),
@@ -298,87 +232,6 @@ fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
     }
 }
 
-/// A running gateway.
-#[derive(Debug)]
-pub struct Proxy {
-    addr: SocketAddr,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
-impl Proxy {
-    /// Binds `options.listen` and starts forwarding, limiting with `limiter`.
-    pub async fn start(options: ProxyOptions, limiter: Arc<Limiter>) -> Result<Proxy, ProxyError> {
-        let forward = Forward::new(&options)?;
-        let layer = RateLimitLayer::new(limiter)
-            .max_delayed(options.max_delayed)
-            .trust_proxies(options.trusted_proxies.iter().copied());
-        let service = layer.layer(forward);
-        let listener =
-            TcpListener::bind(options.listen)
-                .await
-                .map_err(|source| ProxyError::Bind {
-                    addr: options.listen,
-                    source,
-                })?;
-        let addr = listener.local_addr().unwrap_or(options.listen);
-        let (stop, mut stopped) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let graceful = GracefulShutdown::new();
-            loop {
-                tokio::select! {
-                    accepted = listener.accept() => {
-                        let (stream, peer) = match accepted {
-                            Ok(a) => a,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "accept failed");
-                                continue;
-                            }
-                        };
-                        let _ = stream.set_nodelay(true);
-                        let service = service.clone();
-                        let hyper_service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                            request.extensions_mut().insert(PeerAddr(peer));
-                            let mut service = service.clone();
-                            async move {
-                                std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
-                                service.call(request).await
-                            }
-                        });
-                        let connection = builder
-                            .serve_connection(TokioIo::new(stream), hyper_service)
-                            .into_owned();
-                        let connection = graceful.watch(connection);
-                        tokio::spawn(async move {
-                            if let Err(e) = connection.await {
-                                tracing::debug!(error = %e, %peer, "connection ended with an error");
-                            }
-                        });
-                    }
-                    _ = stopped.wait_for(|s| *s) => break,
-                }
-            }
-            drop(listener);
-            graceful.shutdown().await;
-        });
-        tracing::info!(%addr, upstream = %options.upstream, "sluice proxy is forwarding");
-        Ok(Proxy { addr, stop, task })
-    }
-
-    /// Where the gateway listens.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stops accepting, lets requests in flight finish, and returns when every connection has
-    /// closed.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,26 +290,29 @@ mod tests {
 
     #[test]
     fn the_upstream_target_keeps_the_base_path_and_the_query() {
-        let route = |upstream: &str, h2: bool| {
-            let mut options = ProxyOptions::new(upstream.parse().unwrap());
+        let target = |upstream: &str, h2: bool| {
+            let mut options = GatewayOptions::new(Vec::new(), upstream.parse().unwrap());
             options.upstream_h2 = h2;
             Forward::new(&options).unwrap().0
         };
-        let plain = route("http://127.0.0.1:9000", false);
+        let plain = target("http://127.0.0.1:9000", false);
         let uri: Uri = "/a/b?x=1".parse().unwrap();
         assert_eq!(plain.upstream_uri(&uri).unwrap(), "/a/b?x=1");
         let absolute: Uri = "http://client.example/a?x=1".parse().unwrap();
         assert_eq!(plain.upstream_uri(&absolute).unwrap(), "/a?x=1");
-        let based = route("http://127.0.0.1:9000/v1/", false);
+        let based = target("http://127.0.0.1:9000/v1/", false);
         assert_eq!(based.upstream_uri(&uri).unwrap(), "/v1/a/b?x=1");
-        let h2 = route("http://up.example:8080/v1", true);
+        let h2 = target("http://up.example:8080/v1", true);
         assert_eq!(
             h2.upstream_uri(&uri).unwrap(),
             "http://up.example:8080/v1/a/b?x=1"
         );
         assert!(matches!(
-            Forward::new(&ProxyOptions::new("https://up.example".parse().unwrap())),
-            Err(ProxyError::Upstream(_))
+            Forward::new(&GatewayOptions::new(
+                Vec::new(),
+                "https://up.example".parse().unwrap()
+            )),
+            Err(GatewayError::Upstream(_))
         ));
     }
 }

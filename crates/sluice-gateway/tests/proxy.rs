@@ -1,12 +1,11 @@
 //! `sluice proxy` end to end: a real upstream (axum on a loopback port), the gateway in front
 //! of it, and a real HTTP client.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{BIG, closed_port, header, limiter, upstream};
-use sluice_http::{Outcome, Proxy, ProxyOptions};
+use sluice_gateway::GatewayOptions;
+use sluice_limiter::{Limiter, Outcome};
+use sluice_testing::{BIG, closed_port, header, limiter, upstream};
 
 const RULES: &str = r#"
 domain: gw
@@ -55,7 +54,7 @@ routes:
 "#;
 
 struct Gateway {
-    proxy: Proxy,
+    proxy: sluice_gateway::Gateway,
     client: reqwest::Client,
 }
 
@@ -70,14 +69,17 @@ impl Gateway {
 }
 
 async fn gateway(
-    limiter: std::sync::Arc<sluice_http::Limiter>,
+    limiter: std::sync::Arc<Limiter>,
     upstream: std::net::SocketAddr,
-    tune: impl FnOnce(&mut ProxyOptions),
+    tune: impl FnOnce(&mut GatewayOptions),
 ) -> Gateway {
-    let mut options = ProxyOptions::new(format!("http://{upstream}").parse().unwrap());
+    let mut options =
+        GatewayOptions::new(Vec::new(), format!("http://{upstream}").parse().unwrap());
     options.listen = "127.0.0.1:0".parse().unwrap();
     tune(&mut options);
-    let proxy = Proxy::start(options, limiter).await.unwrap();
+    let proxy = sluice_gateway::Gateway::start_with_limiter(options, limiter)
+        .await
+        .unwrap();
     Gateway {
         proxy,
         client: reqwest::Client::new(),

@@ -1,7 +1,9 @@
-//! What the gateway and middleware tests share: a limiter over rules text, clocks, and a real
-//! upstream on a loopback port.
+//! What Sluice's tests share: rules in a temp dir, limiters over them on fake clocks, a clock
+//! that follows tokio's paused time, a real upstream on a loopback port, free and closed ports.
+//! Dev-only: no published crate depends on it.
 
-#![allow(dead_code, unreachable_pub)]
+#![forbid(unsafe_code)]
+#![allow(missing_docs)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,14 +17,20 @@ use axum::http::HeaderMap;
 use axum::routing::{any, get, post};
 use futures_util::StreamExt;
 use sluice_core::{Clock, DynStore, FakeClock, MemoryStore, Timestamp};
-use sluice_http::{Limiter, Metrics};
+use sluice_limiter::{Limiter, Metrics};
 use sluice_rules::Reloader;
+
+/// `rules` (YAML text) written to `name` in a new temp dir, which must outlive its use.
+pub fn rules_file(name: &str, rules: &str) -> (std::path::PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, rules).unwrap();
+    (path, dir)
+}
 
 /// A limiter over `rules` (YAML text) and `store`. The temp dir must outlive the limiter.
 pub fn limiter_with(rules: &str, store: Arc<dyn DynStore>) -> (Arc<Limiter>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.yaml");
-    std::fs::write(&path, rules).unwrap();
+    let (path, dir) = rules_file("gateway.yaml", rules);
     let reloader = Reloader::new(vec![path]).unwrap();
     (
         Arc::new(Limiter::new(reloader, store, Arc::new(Metrics::new()))),
@@ -135,6 +143,15 @@ pub async fn upstream() -> Upstream {
         let _ = axum::serve(listener, app).await;
     });
     Upstream { addr, hits }
+}
+
+/// A loopback port that was free a moment ago, for a process that binds it itself.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A port nothing listens on.

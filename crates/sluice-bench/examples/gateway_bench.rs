@@ -28,15 +28,13 @@
 //! so the whole decision path runs.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use sluice_core::MemoryStore;
-use sluice_http::{Limiter, Metrics, Proxy, ProxyOptions};
+use sluice_gateway::{Gateway, GatewayOptions};
 
 /// The allocator `sluice proxy` runs with, so that the gateway measured here costs what the
 /// binary's does.
@@ -172,29 +170,27 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
 }
 
 async fn serve_upstream(listener: tokio::net::TcpListener) {
-    let app = axum::Router::new().fallback(|| async { "ok" });
-    let _ = axum::serve(listener, app).await;
+    let upstream = sluice_bench::serve_trivial_upstream(listener).expect("the upstream");
+    std::future::pending::<()>().await;
+    upstream.shutdown().await;
 }
 
-/// The gateway over `rules`.
+/// The gateway over `rules`, on the memory store.
 async fn start_proxy(
     listen: SocketAddr,
     upstream: SocketAddr,
     rules: &str,
-) -> (Proxy, tempfile::TempDir) {
+) -> (Gateway, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("bench.yaml");
     std::fs::write(&path, rules).expect("the rules file");
-    let rules = sluice_rules::Reloader::new(vec![path]).expect("valid rules");
-    let limiter = Arc::new(Limiter::new(
-        rules,
-        Arc::new(MemoryStore::new()),
-        Arc::new(Metrics::new()),
-    ));
-    let mut options = ProxyOptions::new(format!("http://{upstream}").parse().expect("a URI"));
+    let mut options = GatewayOptions::new(
+        vec![path],
+        format!("http://{upstream}").parse().expect("a URI"),
+    );
     options.listen = listen;
-    let proxy = Proxy::start(options, limiter).await.expect("the gateway");
-    (proxy, dir)
+    let gateway = Gateway::start(options).await.expect("the gateway");
+    (gateway, dir)
 }
 
 fn addr_of(url: &str) -> SocketAddr {

@@ -31,7 +31,7 @@ const MAX_IDLE: usize = 1024;
 
 /// Why a request could not be forwarded.
 #[derive(Debug)]
-pub(super) enum UpstreamError {
+pub(crate) enum UpstreamError {
     /// No connection could be made: refused, unreachable, or not accepted in time.
     Connect(std::io::Error),
     /// The connection failed while the request was sent or its answer read.
@@ -54,7 +54,7 @@ struct Idle {
 }
 
 /// The connections to one upstream.
-pub(super) struct Upstream {
+pub(crate) struct UpstreamPool {
     /// `host:port`, for connecting.
     address: String,
     connect_timeout: Duration,
@@ -65,10 +65,10 @@ pub(super) struct Upstream {
     shared: tokio::sync::Mutex<Option<http2::SendRequest<Incoming>>>,
 }
 
-impl Upstream {
+impl UpstreamPool {
     /// Connections to `address` (`host:port`), not made until the first request.
-    pub(super) fn new(address: String, connect_timeout: Duration, h2: bool) -> Self {
-        Upstream {
+    pub(crate) fn new(address: String, connect_timeout: Duration, h2: bool) -> Self {
+        UpstreamPool {
             address,
             connect_timeout,
             h2,
@@ -79,7 +79,7 @@ impl Upstream {
 
     /// Sends `request` and returns the answer's head; its body streams from the upstream.
     /// HTTP/1.1 wants an origin-form target and a `Host` field, h2 an absolute URI.
-    pub(super) async fn send(
+    pub(crate) async fn send(
         self: &Arc<Self>,
         request: Request<Incoming>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
@@ -222,7 +222,7 @@ impl Upstream {
 
 /// A connection lent to one exchange.
 struct Lease {
-    upstream: Arc<Upstream>,
+    upstream: Arc<UpstreamPool>,
     sender: http1::SendRequest<Incoming>,
 }
 

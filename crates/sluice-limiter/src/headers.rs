@@ -8,6 +8,8 @@ use http::HeaderValue;
 use http::header::{HeaderName, RETRY_AFTER};
 use sluice_core::{Decision, Policy};
 
+use crate::verdict::restriction;
+
 /// Which rate-limit fields an answer carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderStyle {
@@ -55,6 +57,9 @@ pub struct Quota<'a> {
     pub policy: &'a Policy,
     /// What the store decided.
     pub decision: &'a Decision,
+    /// Whether a denial refuses the request; a soft limit's does not. A refusal outranks any
+    /// other denial in choosing the tightest quota, and only a refusal gets `Retry-After`.
+    pub enforced: bool,
 }
 
 impl<'a> Quota<'a> {
@@ -64,7 +69,13 @@ impl<'a> Quota<'a> {
             name,
             policy,
             decision,
+            enforced: true,
         }
+    }
+
+    /// The same quota, enforced or not.
+    pub fn enforced(self, enforced: bool) -> Self {
+        Quota { enforced, ..self }
     }
 }
 
@@ -109,18 +120,18 @@ fn push_sf_string(out: &mut String, name: &str) {
 }
 
 /// The headers for a request that `quotas` applied to, in `style`. The legacy fields describe
-/// the most restrictive quota; the IETF fields list every one. A refusal also gets
-/// `Retry-After`.
+/// the tightest quota, by the one ordering the verdict uses too; the IETF fields list every one.
+/// A refusal also gets `Retry-After`.
 pub fn rate_limit_headers(
     quotas: &[Quota<'_>],
     style: HeaderStyle,
 ) -> Vec<(HeaderName, HeaderValue)> {
     let mut out = Vec::with_capacity(4);
     let Some(tightest) = quotas.iter().copied().reduce(|a, b| {
-        if *a.decision == a.decision.most_restrictive(*b.decision) {
-            a
-        } else {
+        if restriction(b.enforced, b.decision) > restriction(a.enforced, a.decision) {
             b
+        } else {
+            a
         }
     }) else {
         return out;
@@ -158,7 +169,7 @@ pub fn rate_limit_headers(
         push_number(&mut out, &X_RATELIMIT_REMAINING, d.remaining);
         push_number(&mut out, &X_RATELIMIT_RESET, ceil_secs(d.reset_after));
     }
-    if let Some(secs) = retry_after_secs(tightest.decision) {
+    if let Some(secs) = retry_after_secs(tightest.decision).filter(|_| tightest.enforced) {
         out.push((RETRY_AFTER, HeaderValue::from(secs)));
     }
     out

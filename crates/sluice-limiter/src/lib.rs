@@ -1,0 +1,68 @@
+//! Sluice's decision engine, which every front end ends in.
+//!
+//! The path of one request: a [`LimitRequest`] (domain, descriptors, costs) → the rules'
+//! matches → checks `(counter key, policy, cost)` → one atomic `Store::check` → one
+//! [`Decision`](sluice_core::Decision) per check → a [`Verdict`]. The verdict answers every
+//! question a front end asks: is the request allowed, which limit is tightest, which limits
+//! show in the rate-limit fields ([`Verdict::headers`]), what each descriptor's status is
+//! ([`Verdict::status`]). gRPC, `/json`, `/v1/check`, the gateway and the tower layer only
+//! format it, so nothing about limiting is decided twice.
+//!
+//! This crate depends on no HTTP server, client or framework: only on `http`'s header types.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::sync::Arc;
+//! use sluice_core::MemoryStore;
+//! use sluice_limiter::{HeaderStyle, LimitRequest, Limiter, Metrics, RequestDescriptor};
+//! use sluice_rules::{Reloader, RuleSet};
+//!
+//! let rules = RuleSet::parse("rules.yaml", "
+//! domain: api
+//! descriptors:
+//!   - key: user
+//!     rate_limit: {name: per_user, unit: minute, requests_per_unit: 2}
+//! ").unwrap();
+//! let limiter = Limiter::new(
+//!     Reloader::fixed(rules),
+//!     Arc::new(MemoryStore::new()),
+//!     Arc::new(Metrics::new()),
+//! );
+//! let request = LimitRequest {
+//!     domain: "api".into(),
+//!     descriptors: vec![RequestDescriptor::new([("user", "alice")])],
+//!     cost: 1,
+//! };
+//! let mut verdicts = Vec::new();
+//! for _ in 0..3 {
+//!     verdicts.push(limiter.decide(&request).await.unwrap());
+//! }
+//! assert!(verdicts[1].allowed && !verdicts[2].allowed);
+//! let headers = verdicts[2].headers(HeaderStyle::Ietf);
+//! assert_eq!(headers[0].1, "\"per_user\";q=2;w=60");
+//! assert_eq!(&*verdicts[2].status(0).limit.unwrap().name, "per_user");
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod headers;
+mod limiter;
+pub mod limits;
+mod metrics;
+mod open;
+mod request;
+pub mod store_url;
+mod verdict;
+
+pub use sluice_redis::BreakerState;
+
+pub use headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
+pub use limiter::Limiter;
+pub use metrics::{Metrics, Outcome, Snapshot};
+pub use open::{StartError, Watched, log_reloads};
+pub use request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};
+pub use store_url::{OpenStore, StoreSettings, StoreUrlError};
+pub use verdict::{DescriptorStatus, LimitResult, Verdict};

@@ -1,0 +1,57 @@
+//! Sluice's `/v1/check`: one decision per limit, per descriptor, the limit each descriptor's
+//! status describes, and the headers a gateway would set. Unlike Envoy's `/json`, it keeps the
+//! true remainder of every limit, shadow ones included.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use sluice_http::admin::secs;
+use sluice_http::problem::Problem;
+
+use super::{ApiState, decide, status_of};
+
+/// `POST /v1/check`.
+pub(super) async fn check(State(state): State<ApiState>, body: Body) -> Result<Response, Problem> {
+    let (request, verdict) = decide(&state, body).await?;
+    let descriptors: Vec<Value> = (0..request.descriptors.len())
+        .map(|i| {
+            let limits: Vec<Value> = verdict
+                .for_descriptor(i)
+                .map(|c| {
+                    json!({
+                        "name": &*c.name,
+                        "key": c.key,
+                        "algorithm": c.policy.algorithm().name(),
+                        "outcome": c.outcome.name(),
+                        "allowed": c.decision.allowed,
+                        "limit": c.decision.limit,
+                        "remaining": c.decision.remaining,
+                        "window": c.policy.window().as_secs_f64(),
+                        "reset_after": secs(c.decision.reset_after),
+                        "retry_after": secs(c.decision.retry_after),
+                        "delay": secs(c.decision.delay),
+                        "action": c.rule.as_ref().map_or("reject", |r| r.action.name()),
+                    })
+                })
+                .collect();
+            let status = verdict.status(i);
+            json!({
+                "allowed": !status.refused,
+                "unlimited": verdict.unlimited.contains(&i),
+                "tightest": status.limit.map(|c| &*c.name),
+                "limits": limits,
+            })
+        })
+        .collect();
+    let headers = verdict.headers(state.headers);
+    let header_json: serde_json::Map<String, Value> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), json!(v.to_str().unwrap_or_default())))
+        .collect();
+    let body =
+        json!({ "allowed": verdict.allowed, "descriptors": descriptors, "headers": header_json });
+    let mut response = (status_of(&verdict), axum::Json(body)).into_response();
+    response.headers_mut().extend(headers);
+    Ok(response)
+}

@@ -1,0 +1,91 @@
+//! Envoy's `/json`: a `RateLimitRequest` in, a `RateLimitResponse` out, in protobuf's JSON
+//! form, answered from the same response the gRPC service sends.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use sluice_http::problem::Problem;
+
+use super::{ApiState, decide, status_of};
+use crate::envoy::{Code, EnvoyUnit, to_response};
+
+fn code_name(code: i32) -> &'static str {
+    Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name())
+}
+
+/// A protobuf duration in its JSON form, such as `"1.500s"`.
+fn json_duration(d: Duration) -> String {
+    match d.subsec_millis() {
+        0 => format!("{}s", d.as_secs()),
+        ms => format!("{}.{ms:03}s", d.as_secs()),
+    }
+}
+
+/// One descriptor's status in Envoy's JSON form, borrowed from the response.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonStatus<'a> {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<JsonLimit<'a>>,
+    #[serde(skip_serializing_if = "is_zero")]
+    limit_remaining: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonLimit<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    name: &'a str,
+    requests_per_unit: u32,
+    unit: &'static str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonResponse<'a> {
+    overall_code: &'static str,
+    statuses: Vec<JsonStatus<'a>>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Envoy's `/json`: a RateLimitRequest in, a RateLimitResponse out, in protobuf's JSON form.
+pub(super) async fn envoy_json(
+    State(state): State<ApiState>,
+    body: Body,
+) -> Result<Response, Problem> {
+    let (request, verdict) = decide(&state, body).await?;
+    let response = to_response(&verdict, request.descriptors.len());
+    let statuses = response
+        .statuses
+        .iter()
+        .map(|s| JsonStatus {
+            code: code_name(s.code),
+            current_limit: s.current_limit.as_ref().map(|l| JsonLimit {
+                name: &l.name,
+                requests_per_unit: l.requests_per_unit,
+                unit: EnvoyUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name()),
+            }),
+            limit_remaining: s.limit_remaining,
+            duration_until_reset: s.duration_until_reset.as_ref().map(|d| {
+                json_duration(Duration::new(
+                    d.seconds.max(0).unsigned_abs(),
+                    d.nanos.max(0).unsigned_abs(),
+                ))
+            }),
+        })
+        .collect();
+    let body = JsonResponse {
+        overall_code: code_name(response.overall_code),
+        statuses,
+    };
+    Ok((status_of(&verdict), axum::Json(body)).into_response())
+}

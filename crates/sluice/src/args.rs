@@ -1,0 +1,128 @@
+//! The argument groups `serve` and `proxy` share (rules, store, logging), so that one option
+//! means one thing with one default everywhere.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use sluice_limiter::{HeaderStyle, StoreSettings};
+
+/// Where the rules come from, and how reloads are paced.
+#[derive(Debug, Args)]
+pub(crate) struct RulesArgs {
+    /// Rule file or directory (repeatable); hot-reloaded when it changes.
+    #[arg(long, env = "SLUICE_CONFIG", required = true, value_delimiter = ',')]
+    pub(crate) config: Vec<PathBuf>,
+    /// How long the rule files must be quiet before a change is reloaded, e.g. `250ms`.
+    #[arg(long, env = "SLUICE_RELOAD_DEBOUNCE", value_parser = parse_duration_or_error, default_value = "250ms")]
+    pub(crate) reload_debounce: Duration,
+}
+
+/// Where counters live.
+#[derive(Debug, Args)]
+pub(crate) struct StoreArgs {
+    /// Where counters live: `memory`, `memory://?max_keys=N`, `redis://[user:pass@]host:port`,
+    /// `rediss://…`, `redis+sentinel://host:port,…/master`, or `redis+cluster://host:port,…`.
+    #[arg(long, env = "SLUICE_STORE", default_value = "memory")]
+    pub(crate) store: String,
+    /// The first part of every Redis key, so deployments sharing a Redis stay apart.
+    #[arg(long, env = "SLUICE_STORE_PREFIX", default_value = "sluice")]
+    pub(crate) store_prefix: String,
+    /// Milliseconds one store call may take before the rule's on_store_error applies.
+    #[arg(long, env = "SLUICE_STORE_TIMEOUT_MS", default_value_t = 50)]
+    pub(crate) store_timeout_ms: u64,
+}
+
+impl StoreArgs {
+    /// The key prefix and timeout, as the library takes them.
+    pub(crate) fn settings(&self) -> StoreSettings {
+        StoreSettings {
+            prefix: self.store_prefix.clone(),
+            timeout: Duration::from_millis(self.store_timeout_ms),
+        }
+    }
+}
+
+/// How the process logs.
+#[derive(Debug, Args)]
+pub(crate) struct LogArgs {
+    /// Log format.
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "pretty")]
+    pub(crate) log_format: LogFormat,
+}
+
+/// The log formats.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// For people.
+    Pretty,
+    /// One JSON object a line, for collectors.
+    Json,
+}
+
+/// Which rate-limit fields an answer carries.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum Headers {
+    /// `RateLimit-Policy` and `RateLimit`.
+    Ietf,
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    Legacy,
+    /// Both sets.
+    Both,
+    /// Neither.
+    None,
+}
+
+impl From<Headers> for HeaderStyle {
+    fn from(h: Headers) -> Self {
+        match h {
+            Headers::Ietf => HeaderStyle::Ietf,
+            Headers::Legacy => HeaderStyle::Legacy,
+            Headers::Both => HeaderStyle::Both,
+            Headers::None => HeaderStyle::None,
+        }
+    }
+}
+
+/// Starts logging, with `SLUICE_LOG` as the filter (`info` by default).
+pub(crate) fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Pretty => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Starts logging and the async runtime, as every long-running command does.
+pub(crate) fn start_runtime(log: &LogArgs) -> anyhow::Result<tokio::runtime::Runtime> {
+    init_logging(log.log_format);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// TEMPORARY until sluice_core::duration lands: `250ms`, `10s`, `2m`, `1h`.
+pub(crate) fn parse_duration_or_error(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = text.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 10s or 2m"))?;
+    Duration::try_from_secs_f64(value * scale)
+        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 10s or 2m"))
+}

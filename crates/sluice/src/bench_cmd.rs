@@ -1,0 +1,189 @@
+//! `sluice bench`: its arguments, and running the load generator of the `sluice-bench` crate.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::args::parse_duration_or_error;
+use anyhow::Context as _;
+use clap::Subcommand;
+use sluice_bench as bench;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchTarget {
+    /// Load an HTTP endpoint: `/json`, `/v1/check`, a gateway, or the API behind it.
+    Http(BenchHttpArgs),
+    /// Load Envoy's rate-limit gRPC service (`ShouldRateLimit`).
+    Grpc(BenchGrpcArgs),
+    /// Serve a trivial `200 ok` to everything: the baseline other runs are compared with.
+    Upstream {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        listen: SocketAddr,
+    },
+}
+
+/// `{n}`, as the help shows it. clap turns a literal `{n}` in help text into a line break, so an
+/// invisible word joiner (U+2060) sits between the brace and the `n`; the bench templates accept
+/// that form too, so a placeholder copied from the help works.
+macro_rules! key_placeholder {
+    () => {
+        "`{\u{2060}n}`"
+    };
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchHttpArgs {
+    #[arg(help = concat!("The URL, `http://host:port/path?query`; ", key_placeholder!(), " becomes the key number"))]
+    url: String,
+    /// The request method.
+    #[arg(long, short = 'X', default_value = "GET")]
+    method: http::Method,
+    #[arg(long = "header", short = 'H', help = concat!("A request header, `name: value` (repeatable); ", key_placeholder!(), " becomes the key number"))]
+    headers: Vec<String>,
+    #[arg(long, short = 'd', help = concat!("A request body (JSON unless a content-type header says otherwise); ", key_placeholder!(), " becomes the key number"))]
+    body: Option<String>,
+    /// Speak h2 with prior knowledge, the workers multiplexed over `--connections`.
+    #[arg(long)]
+    h2: bool,
+    /// h2 connections the workers share (HTTP/1.1 opens one per worker).
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchGrpcArgs {
+    /// The service's gRPC address, `host:port`.
+    addr: String,
+    /// The rate-limit domain.
+    #[arg(long)]
+    domain: String,
+    #[arg(long = "descriptor", required = true, help = concat!("A descriptor, `key=value,key=value` (repeatable); ", key_placeholder!(), " becomes the key number"))]
+    descriptors: Vec<String>,
+    /// Units each request consumes (Envoy's `hits_addend`; 0 means 1).
+    #[arg(long, default_value_t = 0)]
+    hits: u32,
+    /// h2 connections the workers share.
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct LoadArgs {
+    /// Requests per second offered in all (open loop). Without it, every worker sends its next
+    /// request as soon as the last is answered (closed loop), to find the maximum.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Workers, each with one request in flight.
+    #[arg(long, short = 'c', default_value_t = 32)]
+    concurrency: usize,
+    /// How long to measure, e.g. `10s`, `500ms`, `2m`, `1h` (default 10s unless --requests is
+    /// given).
+    #[arg(long, value_parser = parse_duration_or_error)]
+    duration: Option<Duration>,
+    /// Stop after this many requests in all.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Send for this long before measuring.
+    #[arg(long, value_parser = parse_duration_or_error, default_value = "0s")]
+    warmup: Duration,
+    #[arg(long, default_value_t = 1, help = concat!("How many key numbers ", key_placeholder!(), " cycles through"))]
+    keys: u64,
+    /// How long one request may take before it counts as an error.
+    #[arg(long, value_parser = parse_duration_or_error, default_value = "10s")]
+    timeout: Duration,
+    /// Threads the generator runs on.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+impl LoadArgs {
+    fn load(&self) -> sluice_bench::Load {
+        let duration = match (self.duration, self.requests) {
+            (None, None) => Some(Duration::from_secs(10)),
+            (d, _) => d,
+        };
+        sluice_bench::Load {
+            rate: self.rate,
+            concurrency: self.concurrency,
+            duration,
+            requests: self.requests,
+            warmup: self.warmup,
+            keys: self.keys,
+            timeout: self.timeout,
+        }
+    }
+}
+
+pub(crate) fn run(target: BenchTarget) -> anyhow::Result<()> {
+    let threads = match &target {
+        BenchTarget::Http(a) => a.load.threads,
+        BenchTarget::Grpc(a) => a.load.threads,
+        BenchTarget::Upstream { .. } => 1,
+    };
+    let runtime = match threads {
+        0 => anyhow::bail!("--threads must be at least 1"),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    }
+    .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let (report, json) = match target {
+            BenchTarget::Upstream { listen } => {
+                crate::args::init_logging(crate::args::LogFormat::Pretty);
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {listen}"))?;
+                let upstream = bench::serve_trivial_upstream(listener)?;
+                println!("serving a trivial 200 ok on http://{}", upstream.addr());
+                crate::shutdown_signal().await;
+                upstream.shutdown().await;
+                return Ok(());
+            }
+            BenchTarget::Http(a) => {
+                let version = if a.h2 {
+                    bench::Version::H2 {
+                        connections: a.connections,
+                    }
+                } else {
+                    bench::Version::Http1
+                };
+                let load = a.load.load();
+                let target = bench::HttpTarget::new(
+                    &a.url, a.method, &a.headers, a.body, version, load.keys,
+                )?;
+                (bench::run_http(target, load).await?, a.load.json)
+            }
+            BenchTarget::Grpc(a) => {
+                let target = bench::GrpcTarget::new(
+                    &a.addr,
+                    a.domain,
+                    &a.descriptors,
+                    a.hits,
+                    a.connections,
+                )?;
+                (bench::run_grpc(target, a.load.load()).await?, a.load.json)
+            }
+        };
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{report}");
+        }
+        if report.allowed + report.limited == 0 {
+            anyhow::bail!("no request was answered ({} failed)", report.error_count());
+        }
+        Ok(())
+    })
+}

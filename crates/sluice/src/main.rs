@@ -1,0 +1,242 @@
+//! `sluice`: the rate-limit service, the gateway, a rule validator and a load generator, each a
+//! thin wrapper around its library crate.
+
+mod args;
+mod bench_cmd;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use sluice_gateway::{Gateway, GatewayOptions};
+use sluice_rules::RuleSet;
+use sluice_server::{ServeOptions, Server};
+
+use crate::args::{Headers, LogArgs, RulesArgs, StoreArgs, start_runtime};
+
+/// The binary allocates per request on every path (headers, JSON, protobuf, keys); mimalloc's
+/// thread-local free lists serve that pattern faster than the system allocator. The library
+/// crates leave the choice to whoever embeds them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "A distributed rate limiter for HTTP APIs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the rate-limit service: Envoy's gRPC protocol and an HTTP JSON API.
+    Serve(ServeArgs),
+    /// Run the gateway: a reverse proxy that limits requests by the rules' routes.
+    Proxy(ProxyArgs),
+    /// Generate load against the service, a gateway or any HTTP endpoint, and report
+    /// throughput and latency percentiles.
+    Bench {
+        #[command(subcommand)]
+        target: bench_cmd::BenchTarget,
+    },
+    /// Check rule files and directories; prints every error as file:line:col.
+    Validate {
+        /// Files or directories of rules.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Also refuse limits this store cannot hold, as `serve --store` would at start (a
+        /// Redis store is not contacted: only its URL is read).
+        #[arg(long)]
+        store: Option<String>,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    rules: RulesArgs,
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    log: LogArgs,
+    /// Where the HTTP API listens.
+    #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    http_addr: SocketAddr,
+    /// Where the gRPC service listens.
+    #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "127.0.0.1:8081")]
+    grpc_addr: SocketAddr,
+    /// Bearer token that opens the admin endpoints to non-loopback clients.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// Rate-limit headers on HTTP API answers.
+    #[arg(long, env = "SLUICE_HTTP_HEADERS", value_enum, default_value = "ietf")]
+    http_headers: Headers,
+    /// Rate-limit headers Envoy is asked to add to its responses.
+    #[arg(long, env = "SLUICE_GRPC_HEADERS", value_enum, default_value = "none")]
+    grpc_headers: Headers,
+}
+
+#[derive(Debug, clap::Args)]
+struct ProxyArgs {
+    #[command(flatten)]
+    rules: RulesArgs,
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    log: LogArgs,
+    /// Where the gateway listens.
+    #[arg(long, env = "SLUICE_LISTEN", default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// Where `/metrics`, `/healthz`, `/readyz` and the admin endpoints listen (none unless
+    /// given).
+    #[arg(long, env = "SLUICE_ADMIN_ADDR")]
+    admin_addr: Option<SocketAddr>,
+    /// Bearer token that opens the admin endpoints to non-loopback clients.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// The API behind the gateway, as http://host:port.
+    #[arg(long, env = "SLUICE_UPSTREAM")]
+    upstream: http::Uri,
+    /// Milliseconds the upstream may take to start answering before the client gets 504.
+    #[arg(long, env = "SLUICE_UPSTREAM_TIMEOUT_MS", default_value_t = 30_000)]
+    upstream_timeout_ms: u64,
+    /// Milliseconds connecting to the upstream may take before the client gets 502.
+    #[arg(long, env = "SLUICE_CONNECT_TIMEOUT_MS", default_value_t = 5_000)]
+    connect_timeout_ms: u64,
+    /// Speak h2 (prior knowledge) to the upstream.
+    #[arg(long, env = "SLUICE_UPSTREAM_H2")]
+    upstream_h2: bool,
+    /// The most requests waiting in `delay` at once; more are rejected.
+    #[arg(long, env = "SLUICE_MAX_DELAYED", default_value_t = sluice_http::DEFAULT_MAX_DELAYED)]
+    max_delayed: usize,
+    /// A proxy whose X-Forwarded-For and Forwarded headers are believed, as a CIDR
+    /// (repeatable), beyond the rules' `trusted_proxies`.
+    #[arg(
+        long = "trusted-proxy",
+        env = "SLUICE_TRUSTED_PROXIES",
+        value_delimiter = ','
+    )]
+    trusted_proxies: Vec<sluice_rules::Cidr>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { paths, store } => validate(&paths, store.as_deref()),
+        Command::Serve(args) => exit(serve(args)),
+        Command::Proxy(args) => exit(proxy(args)),
+        Command::Bench { target } => exit(bench_cmd::run(target)),
+    }
+}
+
+fn exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let runtime = start_runtime(&args.log)?;
+    runtime.block_on(async move {
+        let mut options = ServeOptions::new(args.rules.config);
+        options.reload_debounce = args.rules.reload_debounce;
+        options.store_settings = args.store.settings();
+        options.store = args.store.store;
+        options.http_addr = args.http_addr;
+        options.grpc_addr = args.grpc_addr;
+        options.admin_token = args.admin_token;
+        options.http_headers = args.http_headers.into();
+        options.grpc_headers = args.grpc_headers.into();
+        let server = Server::start(options).await?;
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing requests in flight");
+        server.shutdown().await;
+        Ok(())
+    })
+}
+
+fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    let runtime = start_runtime(&args.log)?;
+    runtime.block_on(async move {
+        let mut options = GatewayOptions::new(args.rules.config, args.upstream);
+        options.reload_debounce = args.rules.reload_debounce;
+        options.store_settings = args.store.settings();
+        options.store = args.store.store;
+        options.listen = args.listen;
+        options.admin_addr = args.admin_addr;
+        options.admin_token = args.admin_token;
+        options.upstream_timeout = Duration::from_millis(args.upstream_timeout_ms);
+        options.connect_timeout = Duration::from_millis(args.connect_timeout_ms);
+        options.upstream_h2 = args.upstream_h2;
+        options.max_delayed = args.max_delayed;
+        options.trusted_proxies = args.trusted_proxies;
+        let gateway = Gateway::start(options).await?;
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing requests in flight");
+        gateway.shutdown().await;
+        Ok(())
+    })
+}
+
+fn validate(paths: &[PathBuf], store: Option<&str>) -> ExitCode {
+    let check = match store
+        .map(sluice_limiter::store_url::supports_check_for)
+        .transpose()
+    {
+        Ok(check) => check,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let loaded = RuleSet::load_all(paths).and_then(|rules| {
+        check.as_ref().map_or(Ok(()), |check| check(&rules))?;
+        Ok(rules)
+    });
+    match loaded {
+        Ok(rules) => {
+            println!(
+                "ok: {} domain(s): {}",
+                rules.domain_names().len(),
+                rules.domain_names().join(", ")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
