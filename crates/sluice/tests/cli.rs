@@ -66,22 +66,39 @@ fn every_option_reads_its_environment_variable() {
     assert!(stderr.contains("/nonexistent/rules.yaml"), "{stderr}");
 }
 
-/// The status line's code of a `GET path` sent over a fresh connection.
-fn get_status(port: u16, path: &str) -> u16 {
+/// The status code and body of `METHOD path` sent over a fresh connection.
+fn send(port: u16, method: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the proxy listens");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the process listens");
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
-    answer
+    let status = answer
         .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The status line's code of a `GET path` sent over a fresh connection.
+fn get_status(port: u16, path: &str) -> u16 {
+    send(port, "GET", path).0
+}
+
+/// The value of the series `name` (with its labels, as exposed) in a metrics exposition.
+fn series(metrics: &str, name: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
 }
 
 #[test]
@@ -112,6 +129,86 @@ fn proxy_limits_before_forwarding_and_reports_a_down_upstream() {
     let _ = child.wait();
     assert_eq!(statuses, [502, 502, 502, 502, 502, 429]);
     assert_eq!(free, 502);
+}
+
+#[test]
+fn proxy_admin_listener_serves_metrics_that_move_and_counts_a_failed_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("gateway.yaml");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/gateway.yaml");
+    std::fs::copy(example, &rules).unwrap();
+    let (listen, admin, upstream) = (free_port(), free_port(), free_port());
+    let mut child = sluice()
+        .args(["proxy", "--config"])
+        .arg(&rules)
+        .args(["--listen", &format!("127.0.0.1:{listen}")])
+        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
+        // Only the admin endpoint reloads during the test, so exactly one reload fails.
+        .args(["--reload-debounce", "1h"])
+        .env("SLUICE_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Log lines, as they come, from a thread: the test waits for lines, never for a time.
+    let (lines, logged) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |text: &str| {
+        let bound = std::time::Duration::from_secs(30);
+        while let Ok(line) = logged.recv_timeout(bound) {
+            if line.contains(text) {
+                return true;
+            }
+        }
+        false
+    };
+    assert!(
+        wait_for("is forwarding"),
+        "the proxy never said it was forwarding"
+    );
+
+    let allowed = r#"sluice_decisions_total{domain="gateway",rule="api_per_ip",outcome="allowed"}"#;
+    let limited = r#"sluice_decisions_total{domain="gateway",rule="api_per_ip",outcome="limited"}"#;
+    let statuses: Vec<u16> = (0..6).map(|_| get_status(listen, "/api/x")).collect();
+    let (status, metrics) = send(admin, "GET", "/metrics");
+    let health = send(admin, "GET", "/healthz");
+    std::fs::write(&rules, "domain: gateway\ndescriptors:\n  - key: client_ip\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n").unwrap();
+    let (reload, reason) = send(admin, "POST", "/v1/reload");
+    let failure_logged = wait_for("rules not reloaded");
+    // The old rules stay in force.
+    let still_limited = get_status(listen, "/api/x");
+    let (_, after) = send(admin, "GET", "/metrics");
+    let _ = child.kill();
+    let _ = child.wait();
+
+    assert_eq!(statuses, [502, 502, 502, 502, 502, 429]);
+    assert_eq!(status, 200);
+    assert_eq!(series(&metrics, allowed), Some(5), "{metrics}");
+    assert_eq!(series(&metrics, limited), Some(1), "{metrics}");
+    assert_eq!(
+        series(&metrics, "sluice_rule_reload_failures_total"),
+        Some(0)
+    );
+    assert_eq!(health, (200, "ok".to_owned()));
+    assert_eq!(reload, 422, "{reason}");
+    assert!(reason.contains("gateway.yaml:4:"), "{reason}");
+    assert!(failure_logged, "the failed reload was not logged");
+    assert_eq!(
+        series(&after, "sluice_rule_reload_failures_total"),
+        Some(1),
+        "{after}"
+    );
+    assert_eq!(series(&after, limited), Some(2), "{after}");
+    assert_eq!(still_limited, 429);
 }
 
 #[test]
