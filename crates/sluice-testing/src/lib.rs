@@ -55,6 +55,12 @@ pub struct TokioClock {
     start: tokio::time::Instant,
 }
 
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl TokioClock {
     pub fn new() -> Self {
         TokioClock {
