@@ -238,6 +238,24 @@ policy_from!(
     SlidingCounter
 );
 
+/// `limit` against the largest an algorithm takes, with a hint at what to use instead.
+pub(crate) fn limit_at_most(
+    limit: u64,
+    max: u64,
+    algorithm: Algorithm,
+    hint: &'static str,
+) -> Result<(), PolicyError> {
+    if limit > max {
+        return Err(PolicyError::LimitTooLarge {
+            algorithm,
+            limit,
+            max,
+            hint,
+        });
+    }
+    Ok(())
+}
+
 /// Nanoseconds of a duration that must not be zero.
 pub(crate) fn nonzero_nanos(d: Duration, what: &'static str) -> Result<u64, PolicyError> {
     match duration_nanos(d) {

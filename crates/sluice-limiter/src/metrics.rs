@@ -12,7 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 /// What one limit's decision counts as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,6 +118,12 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// `metric`, registered in `registry` under `name` with `help`.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -128,48 +134,48 @@ impl Metrics {
     /// A fresh registry with every metric registered.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("sluice");
-        let decisions = Family::<DecisionLabels, Counter>::default();
-        registry.register(
+        let decisions = registered(
+            &mut registry,
             "decisions",
             "Limit decisions by domain, rule and outcome",
-            decisions.clone(),
+            Family::<DecisionLabels, Counter>::default(),
         );
         // 1µs to ~1s, doubling.
-        let latency = Histogram::new((0..20).map(|i| 1e-6 * f64::from(1u32 << i)));
-        registry.register(
+        let latency = registered(
+            &mut registry,
             "decision_latency_seconds",
             "Time to decide one request, store included",
-            latency.clone(),
+            Histogram::new((0..20).map(|i| 1e-6 * f64::from(1u32 << i))),
         );
-        let store_errors = Counter::default();
-        registry.register(
+        let store_errors = registered(
+            &mut registry,
             "store_errors",
             "Store calls that failed and fell back to on_store_error",
-            store_errors.clone(),
+            Counter::default(),
         );
-        let tracked_keys = Gauge::default();
-        registry.register(
+        let tracked_keys = registered(
+            &mut registry,
             "tracked_keys",
             "Counters the store tracks",
-            tracked_keys.clone(),
+            Gauge::default(),
         );
-        let reloads = Counter::<u64, AtomicU64>::default();
-        registry.register(
+        let reloads = registered(
+            &mut registry,
             "rule_reloads",
             "Rule reloads that put a new rule set in force",
-            reloads.clone(),
+            Counter::<u64, AtomicU64>::default(),
         );
-        let reload_failures = Counter::<u64, AtomicU64>::default();
-        registry.register(
+        let reload_failures = registered(
+            &mut registry,
             "rule_reload_failures",
             "Rule reloads refused for invalid files; the old rules stayed",
-            reload_failures.clone(),
+            Counter::<u64, AtomicU64>::default(),
         );
-        let top_limited = Family::<KeyLabels, Gauge>::default();
-        registry.register(
+        let top_limited = registered(
+            &mut registry,
             "top_limited_keys",
             "Refusals of the most limited counters since start",
-            top_limited.clone(),
+            Family::<KeyLabels, Gauge>::default(),
         );
         let build = Family::<BuildLabels, Gauge>::default();
         build
@@ -261,33 +267,34 @@ impl Metrics {
     /// breaker, and multi-slot refunds. Idempotent.
     pub fn register_redis(&self) {
         self.redis.get_or_init(|| {
-            let series = RedisSeries {
-                breaker: Family::default(),
-                short_circuited: Counter::default(),
-                refunds: Counter::default(),
-                refund_failures: Counter::default(),
-            };
             let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-            registry.register(
-                "store_breaker_state",
-                "The Redis circuit breaker's state (1 for the current one)",
-                series.breaker.clone(),
-            );
-            registry.register(
-                "store_short_circuited",
-                "Store calls failed at once because the breaker was open",
-                series.short_circuited.clone(),
-            );
-            registry.register(
-                "store_refunds",
-                "Requests whose checks spanned Cluster slots and were refunded",
-                series.refunds.clone(),
-            );
-            registry.register(
-                "store_refund_failures",
-                "Refunds that failed, leaving a reservation to expire",
-                series.refund_failures.clone(),
-            );
+            let registry = &mut *registry;
+            let series = RedisSeries {
+                breaker: registered(
+                    registry,
+                    "store_breaker_state",
+                    "The Redis circuit breaker's state (1 for the current one)",
+                    Family::default(),
+                ),
+                short_circuited: registered(
+                    registry,
+                    "store_short_circuited",
+                    "Store calls failed at once because the breaker was open",
+                    Counter::default(),
+                ),
+                refunds: registered(
+                    registry,
+                    "store_refunds",
+                    "Requests whose checks spanned Cluster slots and were refunded",
+                    Counter::default(),
+                ),
+                refund_failures: registered(
+                    registry,
+                    "store_refund_failures",
+                    "Refunds that failed, leaving a reservation to expire",
+                    Counter::default(),
+                ),
+            };
             series
         });
     }

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::policy::{Algorithm, PolicyError, nonzero_nanos};
+use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
 /// Sliding counter parameters.
@@ -41,14 +41,12 @@ impl SlidingCounter {
     /// Up to `limit` units in any window of length `window`, estimated.
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
         let window = nonzero_nanos(window, "window")?;
-        if limit > Self::MAX_LIMIT {
-            return Err(PolicyError::LimitTooLarge {
-                algorithm: Algorithm::SlidingCounter,
-                limit,
-                max: Self::MAX_LIMIT,
-                hint: "use a fixed window, or a longer window with a proportionally larger limit",
-            });
-        }
+        limit_at_most(
+            limit,
+            Self::MAX_LIMIT,
+            Algorithm::SlidingCounter,
+            "use a fixed window, or a longer window with a proportionally larger limit",
+        )?;
         Ok(SlidingCounter { limit, window })
     }
 

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::policy::{Algorithm, PolicyError, nonzero_nanos};
+use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
 /// Sliding log parameters.
@@ -34,14 +34,12 @@ impl SlidingLog {
     /// Up to `limit` units in any window of length `window`.
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
         let window = nonzero_nanos(window, "window")?;
-        if limit > Self::MAX_LIMIT {
-            return Err(PolicyError::LimitTooLarge {
-                algorithm: Algorithm::SlidingLog,
-                limit,
-                max: Self::MAX_LIMIT,
-                hint: "use sliding_counter, whose memory does not grow with the limit",
-            });
-        }
+        limit_at_most(
+            limit,
+            Self::MAX_LIMIT,
+            Algorithm::SlidingLog,
+            "use sliding_counter, whose memory does not grow with the limit",
+        )?;
         Ok(SlidingLog { limit, window })
     }
 
