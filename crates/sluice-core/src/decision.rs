@@ -59,22 +59,4 @@ impl Decision {
             delay: Duration::ZERO,
         }
     }
-
-    /// Of two decisions for one request, the one that restricts it most: a denial over an
-    /// admission, then the longer wait, then the fewer remaining.
-    pub fn most_restrictive(self, other: Decision) -> Decision {
-        let key = |d: &Decision| {
-            (
-                !d.allowed,
-                d.retry_after,
-                d.delay,
-                std::cmp::Reverse(d.remaining),
-            )
-        };
-        if key(&other) > key(&self) {
-            other
-        } else {
-            self
-        }
-    }
 }
