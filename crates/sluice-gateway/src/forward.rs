@@ -45,7 +45,7 @@ struct Target {
 
 impl Forward {
     pub(crate) fn new(options: &GatewayOptions) -> Result<Self, GatewayError> {
-        let bad = || GatewayError::Upstream(options.upstream.to_string());
+        let bad = || GatewayError::BadUpstream(options.upstream.to_string());
         let scheme = options.upstream.scheme().cloned().ok_or_else(bad)?;
         if scheme != Scheme::HTTP {
             return Err(bad());
@@ -312,7 +312,7 @@ mod tests {
                 Vec::new(),
                 "https://up.example".parse().unwrap()
             )),
-            Err(GatewayError::Upstream(_))
+            Err(GatewayError::BadUpstream(_))
         ));
     }
 }

@@ -114,7 +114,7 @@ pub enum GatewayError {
     Limiter(#[from] StartError),
     /// The upstream is not an `http://host[:port]` URL.
     #[error("upstream `{0}` is not usable; give it as http://host:port (https is not supported)")]
-    Upstream(String),
+    BadUpstream(String),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

@@ -76,13 +76,13 @@ impl Clock for TokioClock {
     }
 }
 
-/// The API behind the gateway, counting the requests that reach it.
-pub struct Upstream {
+/// An API for the gateway to stand in front of, counting the requests that reach it.
+pub struct CountingUpstream {
     pub addr: SocketAddr,
     pub hits: Arc<AtomicUsize>,
 }
 
-impl Upstream {
+impl CountingUpstream {
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
     }
@@ -91,7 +91,7 @@ impl Upstream {
 /// Bytes `/big` streams, in 64 KiB chunks.
 pub const BIG: usize = 32 * 1024 * 1024;
 
-pub async fn upstream() -> Upstream {
+pub async fn upstream() -> CountingUpstream {
     let hits = Arc::new(AtomicUsize::new(0));
     let counted = hits.clone();
     let app = Router::new()
@@ -148,7 +148,7 @@ pub async fn upstream() -> Upstream {
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    Upstream { addr, hits }
+    CountingUpstream { addr, hits }
 }
 
 /// A loopback port that was free a moment ago, for a process that binds it itself.
