@@ -23,23 +23,8 @@ use redis::{
 };
 
 use crate::RedisOptions;
+use crate::scripts::Script;
 use crate::url::{RedisUrl, Topology};
-
-/// A script and its SHA1, for `EVALSHA`.
-#[derive(Debug)]
-pub(crate) struct Script {
-    pub(crate) body: &'static str,
-    pub(crate) sha: String,
-}
-
-impl Script {
-    pub(crate) fn new(body: &'static str) -> Self {
-        Script {
-            body,
-            sha: redis::Script::new(body).get_hash().to_owned(),
-        }
-    }
-}
 
 /// A connection to whichever topology the URL names. Cheap to clone.
 #[derive(Clone)]
@@ -172,7 +157,7 @@ impl Connection {
         };
         match self.send(&call("EVALSHA", &script.sha)).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.send(&call("EVAL", script.body)).await
+                self.send(&call("EVAL", &script.body)).await
             }
             other => other,
         }

@@ -2,14 +2,16 @@
 //!
 //! Each check takes seven arguments: algorithm code, cost, four parameters and a refund token.
 //!
-//! | algorithm | code | p1 | p2 | p3 | p4 |
-//! |---|---|---|---|---|---|
-//! | token bucket | 1 | capacity | refill amount | refill period (ns) | |
-//! | GCRA | 2 | burst | emission interval (ns) | | |
-//! | queue | 3 | capacity | release interval (ns) | maximum wait (ns) | 1 if the rate is 0 |
-//! | fixed window | 4 | limit | window (ns) | 1 if clock-aligned | a window start near now |
-//! | sliding log | 5 | limit | window (ns) | | |
-//! | sliding counter | 6 | limit | window (ns) | | a window start near now |
+//! | algorithm | p1 | p2 | p3 | p4 |
+//! |---|---|---|---|---|
+//! | token bucket | capacity | refill amount | refill period (ns) | |
+//! | GCRA | burst | emission interval (ns) | | |
+//! | queue | capacity | release interval (ns) | maximum wait (ns) | 1 if the rate is 0 |
+//! | fixed window | limit | window (ns) | 1 if clock-aligned | a window start near now |
+//! | sliding log | limit | window (ns) | | |
+//! | sliding counter | limit | window (ns) | | a window start near now |
+//!
+//! The algorithm code is [`scripts::code`](crate::scripts::code) of the policy's algorithm.
 //!
 //! The refill rate is reduced to lowest terms first, which keeps the script's products small
 //! without changing a single result. Clock-aligned windows are placed by the script on the grid
@@ -20,6 +22,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice_core::{Alignment, Decision, Policy, Rate, StoreError, Timestamp};
+
+use crate::scripts;
 
 /// The largest integer Lua (doubles) holds exactly: every number a script sees stays below it.
 pub(crate) const EXACT: u64 = 1 << 53;
@@ -206,77 +210,59 @@ pub(crate) fn push_check(
     check_exact(policy).map_err(StoreError::Rejected)?;
     // Every limit is below EXACT, so a larger cost is refused as permanently as the real one.
     let cost = cost.min(EXACT);
-    let (code, p): (u8, [String; 4]) = match policy {
+    let p: [String; 4] = match policy {
         Policy::TokenBucket(tb) => {
             let (amount, per) = reduced(tb.rate().amount(), tb.rate().per());
-            (
-                1,
-                [
-                    tb.capacity().to_string(),
-                    amount.to_string(),
-                    per.to_string(),
-                    String::new(),
-                ],
-            )
+            [
+                tb.capacity().to_string(),
+                amount.to_string(),
+                per.to_string(),
+                String::new(),
+            ]
         }
-        Policy::Gcra(g) => (
-            2,
-            [
-                g.burst().to_string(),
-                nanos_of(g.emission_interval()).to_string(),
-                String::new(),
-                String::new(),
-            ],
-        ),
-        Policy::LeakyQueue(q) => (
-            3,
-            [
-                q.capacity().to_string(),
-                nanos_of(q.release_interval()).to_string(),
-                // A wait beyond the exact range is as good as unbounded.
-                nanos_of(q.max_wait()).min(EXACT - 1).to_string(),
-                u8::from(q.rate().amount() == 0).to_string(),
-            ],
-        ),
+        Policy::Gcra(g) => [
+            g.burst().to_string(),
+            nanos_of(g.emission_interval()).to_string(),
+            String::new(),
+            String::new(),
+        ],
+        Policy::LeakyQueue(q) => [
+            q.capacity().to_string(),
+            nanos_of(q.release_interval()).to_string(),
+            // A wait beyond the exact range is as good as unbounded.
+            nanos_of(q.max_wait()).min(EXACT - 1).to_string(),
+            u8::from(q.rate().amount() == 0).to_string(),
+        ],
         Policy::FixedWindow(fw) => {
             let (aligned, reference) = match fw.alignment() {
                 Alignment::Clock { .. } => (1, fw.window_start(Timestamp::EPOCH, now)),
                 Alignment::FirstRequest => (0, Timestamp::EPOCH),
             };
-            (
-                4,
-                [
-                    fw.limit().to_string(),
-                    nanos_of(fw.window()).to_string(),
-                    aligned.to_string(),
-                    reference.as_nanos().to_string(),
-                ],
-            )
-        }
-        Policy::SlidingLog(sl) => (
-            5,
             [
-                sl.limit().to_string(),
-                nanos_of(sl.window()).to_string(),
-                String::new(),
-                String::new(),
-            ],
-        ),
+                fw.limit().to_string(),
+                nanos_of(fw.window()).to_string(),
+                aligned.to_string(),
+                reference.as_nanos().to_string(),
+            ]
+        }
+        Policy::SlidingLog(sl) => [
+            sl.limit().to_string(),
+            nanos_of(sl.window()).to_string(),
+            String::new(),
+            String::new(),
+        ],
         Policy::SlidingCounter(sc) => {
             let window = nanos_of(sc.window());
             let n = now.as_nanos();
-            (
-                6,
-                [
-                    sc.limit().to_string(),
-                    window.to_string(),
-                    String::new(),
-                    (n - n % window).to_string(),
-                ],
-            )
+            [
+                sc.limit().to_string(),
+                window.to_string(),
+                String::new(),
+                (n - n % window).to_string(),
+            ]
         }
     };
-    args.push(code.to_string());
+    args.push(scripts::code(policy.algorithm()).to_string());
     args.push(cost.to_string());
     args.extend(p);
     args.push(token.to_owned());

@@ -14,7 +14,7 @@ use sluice_core::{
 };
 
 use crate::breaker::{Breaker, BreakerState, Permit};
-use crate::connection::{Connection, Script, is_transient};
+use crate::connection::{Connection, is_transient};
 use crate::encode::{ARGS_PER_CHECK, Reply, app_now, check_exact, decode_replies, push_check};
 use crate::keys::{counter_key, escape, slot};
 use crate::scripts;
@@ -52,8 +52,6 @@ struct Inner {
     refund_failures: AtomicU64,
     /// Requests whose checks spanned slots and were reserved and refunded.
     refunds: AtomicU64,
-    check: Script,
-    refund: Script,
     /// Where the store connects, password masked, for messages.
     target: String,
 }
@@ -123,8 +121,6 @@ impl RedisStore {
                 app_skew: AtomicI64::new(0),
                 refund_failures: AtomicU64::new(0),
                 refunds: AtomicU64::new(0),
-                check: Script::new(scripts::CHECK),
-                refund: Script::new(scripts::REFUND),
                 target,
             }),
         })
@@ -133,7 +129,7 @@ impl RedisStore {
     /// The SHA1 of the check script, which every decision runs by `EVALSHA`: for operators who
     /// preload scripts, and for benchmarks that call it directly (`redis-benchmark`).
     pub fn check_script_sha(&self) -> &str {
-        &self.inner.check.sha
+        &scripts::CHECK.sha
     }
 
     /// The circuit breaker's state, for `/readyz` and metrics.
@@ -301,7 +297,7 @@ impl RedisStore {
                 let replies = join_all(
                     calls
                         .iter()
-                        .map(|(k, a)| inner.conn.eval(&inner.check, k, a)),
+                        .map(|(k, a)| inner.conn.eval(&scripts::CHECK, k, a)),
                 )
                 .await;
                 // When every slot failed, the call failed. When only some did, the others are
@@ -413,11 +409,10 @@ impl RedisStore {
             return;
         }
         inner.refunds.fetch_add(1, Ordering::Relaxed);
-        let run = join_all(
-            calls
-                .iter()
-                .map(|(k, a): &(Vec<String>, Vec<String>)| inner.conn.eval(&inner.refund, k, a)),
-        );
+        let run =
+            join_all(calls.iter().map(|(k, a): &(Vec<String>, Vec<String>)| {
+                inner.conn.eval(&scripts::REFUND, k, a)
+            }));
         match tokio::time::timeout(inner.timeout, run).await {
             Ok(results) => {
                 let failed = results.iter().filter(|r| r.is_err()).count() as u64;
@@ -456,7 +451,7 @@ impl RedisStore {
         let keys = [self.key_of(key)];
         let inner = &self.inner;
         let value = self
-            .guarded(inner.conn.eval(&inner.check, &keys, &args))
+            .guarded(inner.conn.eval(&scripts::CHECK, &keys, &args))
             .await?;
         let mut replies = decode_replies(value, std::iter::once(policy.limit()))?;
         replies

@@ -17,7 +17,7 @@
 mod encode;
 mod harness;
 #[allow(dead_code)]
-#[path = "../src/scripts.rs"]
+#[path = "../src/scripts/mod.rs"]
 mod scripts;
 
 use std::collections::HashMap;
@@ -39,11 +39,11 @@ const E9: u64 = 1_000_000_000;
 fn frozen_check_script(clock: &str) -> String {
     let time = "redis.call('TIME')";
     assert_eq!(
-        scripts::CHECK.matches(time).count(),
+        scripts::CHECK.body.matches(time).count(),
         1,
         "the script reads TIME once"
     );
-    scripts::CHECK.replace(
+    scripts::CHECK.body.replace(
         time,
         &format!("redis.call('MGET', '{clock}:s', '{clock}:us')"),
     )

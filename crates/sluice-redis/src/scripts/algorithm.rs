@@ -1,0 +1,55 @@
+//! The algorithm codes: which algorithm a check uses, as the scripts know it.
+//!
+//! A code is a check's first script argument and the first field of every counter stored as a
+//! string. It is defined here once: the scripts see each code as a local of a prelude made from
+//! [`code`] (`local GCRA = '2'`), never as a literal of their own.
+
+use sluice_core::Algorithm;
+
+/// The code of `algorithm` in script arguments and stored counters.
+///
+/// These numbers are in every counter stored in Redis, and instances of two versions share those
+/// counters during a rolling upgrade: a code never changes, and a new algorithm takes a new one.
+pub(crate) const fn code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::TokenBucket => 1,
+        Algorithm::Gcra => 2,
+        Algorithm::LeakyQueue => 3,
+        Algorithm::FixedWindow => 4,
+        Algorithm::SlidingLog => 5,
+        Algorithm::SlidingCounter => 6,
+    }
+}
+
+/// The Lua that names every code, put in front of each script: one local per algorithm, named
+/// by its configuration name in capitals, holding its code as a string. A string, because the
+/// scripts compare the code as it arrives in `ARGV` and as it is stored, without converting it.
+pub(crate) fn prelude() -> String {
+    let mut lua =
+        String::from("-- The algorithm codes, made from `scripts::algorithm::code` in Rust.\n");
+    for algorithm in Algorithm::ALL {
+        let name = algorithm.name().to_ascii_uppercase();
+        lua.push_str(&format!("local {name} = '{}'\n", code(algorithm)));
+    }
+    lua
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The codes are a stored format: this pins them.
+    #[test]
+    fn the_prelude_names_every_code() {
+        assert_eq!(
+            prelude(),
+            "-- The algorithm codes, made from `scripts::algorithm::code` in Rust.\n\
+             local TOKEN_BUCKET = '1'\n\
+             local GCRA = '2'\n\
+             local LEAKY_QUEUE = '3'\n\
+             local FIXED_WINDOW = '4'\n\
+             local SLIDING_LOG = '5'\n\
+             local SLIDING_COUNTER = '6'\n"
+        );
+    }
+}

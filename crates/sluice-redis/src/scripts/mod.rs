@@ -1,0 +1,118 @@
+//! The Lua scripts that decide and update counters inside Redis, one call per Cluster slot.
+//!
+//! Each script is a `.lua` file in `lua/`, assembled once into a named static ([`CHECK`],
+//! [`REFUND`]) and called by `EVALSHA`, loaded again transparently on `NOSCRIPT` (see
+//! `connection.rs`). Assembly (`load.rs`) puts a prelude in front that names the algorithm codes
+//! (`algorithm.rs`, the one place they are defined), and replaces each `--#include <file>` line
+//! with a part the scripts share: the reading of the time (`clock.lua`), exact `a · b / c`
+//! (`mul_div.lua`), and the helpers that convert between the stored and the computed forms of
+//! timestamps (`helpers.lua`).
+//!
+//! ## Cost per call
+//!
+//! `EVALSHA` runs a script's whole body on every call, so every `local function` and every table
+//! in it is created anew and then collected. [`CHECK`] therefore decides a call of one check
+//! (nearly every call) in straight-line code on locals: one `GET` (or a few list reads for the
+//! sliding log), one `SET … PX`, no table, and no function but `mul_div` (token
+//! bucket, sliding counter) and the log's entry parser. On Redis 7.0 each C function call or
+//! string conversion in a script also costs a few hundred nanoseconds, so that path converts
+//! numbers by arithmetic (`x + 0`), takes remainders with `%`, compares the algorithm code as a
+//! string, and splits timestamps with `string.sub` rather than a pattern that backtracks. Calls
+//! of several checks, which must thread each key's state from check to check, take the general
+//! path after it, written with helpers and tables. The two paths decide identically;
+//! `tests/scripts.rs` runs both against the core's pure functions on a frozen clock, nanosecond
+//! for nanosecond.
+//!
+//! ## Numbers in Lua
+//!
+//! Redis runs Lua 5.1, whose only number type is a double: integers are exact up to 2⁵³. A
+//! timestamp in nanoseconds since the epoch (about 1.7·10¹⁸) is not, so the scripts never hold
+//! one as a number:
+//!
+//! - timestamps are **stored** as decimal strings of nanoseconds since the epoch, exactly what
+//!   `sluice_core::Timestamp` holds;
+//! - they are **computed** on as nanoseconds relative to `S`, the whole second of Redis time the
+//!   call runs in. A counter's timestamps lie within a window or two of now, so these numbers are
+//!   exact, and every algorithm decides exactly as the core's pure functions do;
+//! - every division is done on exact integers: the remainder first, then the exact quotient
+//!   `(a - r) / b`. The fast path takes the remainder with Lua's `a % b`, an operator rather than
+//!   a function call: it is `a - floor(a / b) · b`, exact for integers `0 ≤ a < 2⁵³` (the
+//!   rounded quotient cannot cross an integer: the distance to the next one, at least `1 / b`,
+//!   exceeds half an ulp of `a / b`), and for negative `a` when `b` is 10⁹ or 10⁶ (every multiple
+//!   of those below 4·10¹⁸ is a double). A remainder of anything else, such as the distance from
+//!   a reference window start, uses `math.fmod`, which is always exact;
+//! - a product `a · b / c` that passes 2⁵³ (a refill at a high rate, a weighted count of a
+//!   large sliding counter) is divided exactly in parts (`mul_div`);
+//! - GCRA and the queue compare backlogs (how far their time lies after now), and compute
+//!   `backlog + n·T > horizon` as `backlog > horizon - n·T`, so no sum passes 2⁵³;
+//! - numbers written back to Redis go through `string.format('%d')` where they can be large,
+//!   because Lua would print one as `1e+15`; concatenation only for TTLs in milliseconds.
+//!
+//! The Rust side keeps every parameter below 2⁵³ (see `encode.rs`): windows and periods up to
+//! about 104 days (fixed windows up to about 417 days in whole microseconds, whose every number is
+//! a multiple of 8 below 2⁵⁶), limits up to 9·10¹⁵, and GCRA's burst and the queue's capacity
+//! times their interval (the longest backlog) below 2⁵³ ns too. Durations in replies beyond 2⁵³ ns, such as
+//! the time a huge bucket takes to refill, are rounded; no decision depends on them.
+//!
+//! ## Layout of the arguments
+//!
+//! Both scripts take the same arguments:
+//!
+//! - `KEYS[i]`: the counter key of check `i` (`prefix:{identity}`, or `prefix:{tag}rest`; see
+//!   `keys.rs`). A key may appear more than once; its later checks see what the earlier ones
+//!   would leave.
+//! - `ARGV[1]`: nanoseconds added to Redis `TIME`: 0 in production. A test hook, and the way to
+//!   simulate an instance whose store clock is off.
+//! - `ARGV[2]`: for [`CHECK`], `1` to commit when every check admits, `0` to only decide (peek).
+//!   Unused by [`REFUND`].
+//! - `ARGV[3 + 7(i-1)] ..= ARGV[9 + 7(i-1)]`: check `i`: algorithm code, cost, four parameters
+//!   and a refund token (see `encode.rs` for each algorithm's parameters).
+//!
+//! ## What is stored
+//!
+//! One key per counter. Every algorithm but the sliding log keeps a string, `"<alg> <x> [<y>
+//! [<z>]]"`: the algorithm code (see `algorithm.rs`; a counter found under another algorithm
+//! counts as fresh, as in the memory store) and up to three state fields. A string is read with one `GET` and written
+//! with one `SET … PX`, state and TTL together. The sliding log keeps a list: a header holding
+//! the total of its units, then one `"<nanos> <units>"` entry per distinct arrival time, oldest
+//! first. Every write sets the key's TTL to when the counter is full again, plus a second, so
+//! that idle counters vanish.
+
+mod algorithm;
+mod load;
+
+use std::sync::LazyLock;
+
+pub(crate) use algorithm::code;
+pub(crate) use load::Script;
+
+/// Decides a request's checks that fall in one slot, atomically, and commits them only if all
+/// admit.
+///
+/// - `KEYS[i]`: the counter key of check `i`.
+/// - `ARGV[1]`: the time offset in nanoseconds (0 in production).
+/// - `ARGV[2]`: `1` to commit when every check admits; `0` to decide without writing (peek).
+/// - `ARGV[3 + 7(i-1)]..`: check `i`: algorithm code (see [`code`]), cost, parameters
+///   `p1..p4`, unused token.
+///
+/// Returns one string of six fields per check, every field and check separated by a space:
+/// allowed (1 or 0), remaining, `reset_after` in nanoseconds, `retry_after` in nanoseconds (-1
+/// for never), delay in nanoseconds, and the refund token: the stored timestamp that identifies
+/// what this check consumed (a window start or a log entry), which [`REFUND`] needs to give it
+/// back, or `-` when nothing was consumed. One string rather than an array: the client parses a
+/// reply value by value, and six values per check cost it more than the script's formatting.
+pub(crate) static CHECK: LazyLock<Script> =
+    LazyLock::new(|| Script::assemble(include_str!("lua/check.lua")));
+
+/// Gives back what [`CHECK`] consumed on one slot, when another slot of the same request
+/// refused it. Each check is undone in reverse order, as far as the counter still holds it: a
+/// window that has ended, or a log entry that has expired, has nothing left to give back.
+///
+/// - `KEYS[i]`: the counter key of check `i`.
+/// - `ARGV[1]`: the time offset in nanoseconds (0 in production).
+/// - `ARGV[2]`: unused.
+/// - `ARGV[3 + 7(i-1)]..`: check `i` as for [`CHECK`], with the token [`CHECK`] returned for it.
+///
+/// Returns the number of checks given back.
+pub(crate) static REFUND: LazyLock<Script> =
+    LazyLock::new(|| Script::assemble(include_str!("lua/refund.lua")));
