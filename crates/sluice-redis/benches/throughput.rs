@@ -6,14 +6,12 @@
 //! table for `docs/BENCHMARKS.md`. All of it runs on one machine, so the store's client, Redis
 //! and `redis-benchmark` share its cores: the ratio is what matters, measured in the same run.
 
-#[path = "../tests/harness/mod.rs"]
-mod harness;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_core::{Check, Gcra, Policy, Rate, Store};
+use sluice_core::{Check, Gcra, Policy, Rate, Store, Timestamp};
+use sluice_redis::testing::{RedisServer, push_check};
 use sluice_redis::{RedisOptions, RedisStore};
 
 /// Distinct counters, as `redis-benchmark -r` spreads its keys.
@@ -26,25 +24,15 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// One GCRA check as the store sends it: KEYS[1]; ARGV offset, commit, algorithm 2, cost 1,
-/// burst, interval, three empty parameters and an empty token.
-fn gcra_evalsha(sha: &str) -> Vec<String> {
-    [
-        "EVALSHA",
-        sha,
-        "1",
-        "bench:{rb:__rand_int__}",
-        "0",
-        "1",
-        "2",
-        "1",
-        "1000000",
-        "1000",
-    ]
-    .into_iter()
-    .chain(["", "", "", ""])
-    .map(str::to_owned)
-    .collect()
+/// One check of `policy` at cost 1 as the store sends it: KEYS[1]; ARGV offset 0, commit, then
+/// the check's arguments as the store encodes them.
+fn check_evalsha(sha: &str, policy: &Policy) -> Vec<String> {
+    let mut command = ["EVALSHA", sha, "1", "bench:{rb:__rand_int__}", "0", "1"]
+        .map(str::to_owned)
+        .to_vec();
+    // The application clock only places clock-aligned windows; GCRA has none.
+    push_check(&mut command, policy, 1, Timestamp::EPOCH, "").expect("a policy Redis holds");
+    command
 }
 
 /// `redis-benchmark -P 16` running `command`; returns calls per second.
@@ -172,7 +160,7 @@ fn main() {
             (url, port)
         }
         Err(_) => {
-            own_server = harness::RedisServer::start();
+            own_server = RedisServer::start();
             (own_server.url(), own_server.port)
         }
     };
@@ -189,7 +177,7 @@ fn main() {
         let sha = store.check_script_sha().to_owned();
         let trivial: Vec<String> = ["EVAL", "return 1", "0"].map(str::to_owned).to_vec();
         let floor = redis_benchmark(port, 50, &trivial);
-        let ceiling = redis_benchmark(port, 50, &gcra_evalsha(&sha));
+        let ceiling = redis_benchmark(port, 50, &check_evalsha(&sha, &policy));
         println!("| measurement | decisions/s | ratio to ceiling | p50 | p99 |");
         println!("|---|---:|---:|---:|---:|");
         println!("| redis-benchmark EVAL \"return 1\" -P 16 (an empty script, for scale) | {floor:.0} | {:.2} | | |", floor / ceiling);

@@ -31,6 +31,8 @@ mod keys;
 mod options;
 mod scripts;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod url;
 
 pub use breaker::BreakerState;

@@ -1,17 +1,15 @@
 //! The Redis store on a 3-master Redis Cluster: the shared backend suite, and requests whose
 //! checks fall in different slots.
 
-mod harness;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use harness::{
-    cluster_backend, fifty_per_hour, name, offset_to_window_start, shared_cluster, test_options,
-};
 use sluice_core::{Check, Policy, Rate, Store, TokenBucket};
 use sluice_redis::RedisStore;
+use sluice_redis::testing::{
+    cluster_backend, fifty_per_hour, name, offset_to_window_start, shared_cluster, test_options,
+};
 
 sluice_core::backend_suite!(cluster_backend());
 

@@ -4,14 +4,12 @@
 //! No assertion is about time: "answers are fast while Redis is down" is shown by what the
 //! breaker did (calls refused without touching the network), not by a stopwatch.
 
-mod harness;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use harness::{RedisServer, eventually, fifty_per_hour, name, test_options};
 use sluice_core::{Check, Policy, Store, StoreError};
+use sluice_redis::testing::{RedisServer, eventually, fifty_per_hour, name, test_options};
 use sluice_redis::{BreakerState, RedisStore};
 
 fn breaker_refusal(e: &StoreError) -> bool {

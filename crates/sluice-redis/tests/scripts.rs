@@ -9,16 +9,8 @@
 //! script's fast path) and through calls of two checks (its general path), including parameters
 //! whose products pass 2⁵³.
 //!
-//! `src/encode.rs` is compiled in as well, so the arguments are exactly those the store sends;
-//! its unit tests therefore also run in this binary.
-
-#[allow(dead_code)]
-#[path = "../src/encode.rs"]
-mod encode;
-mod harness;
-#[allow(dead_code)]
-#[path = "../src/scripts/mod.rs"]
-mod scripts;
+//! The script, its arguments and the decoding of its reply are the store's own, through
+//! `sluice_redis::testing`, so the arguments are exactly those the store sends.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -29,6 +21,7 @@ use sluice_core::{
     Alignment, Decision, FixedWindow, Gcra, LeakyQueue, Policy, Rate, SlidingCounter, SlidingLog,
     Timestamp, TokenBucket,
 };
+use sluice_redis::testing::{self, check_script, decode_replies, push_check};
 
 /// Where the walks start: about 2027, in nanoseconds since the epoch.
 const START: u64 = 1_800_000_000_123_456_789;
@@ -39,11 +32,11 @@ const E9: u64 = 1_000_000_000;
 fn frozen_check_script(clock: &str) -> String {
     let time = "redis.call('TIME')";
     assert_eq!(
-        scripts::CHECK.body.matches(time).count(),
+        check_script().matches(time).count(),
         1,
         "the script reads TIME once"
     );
-    scripts::CHECK.body.replace(
+    check_script().replace(
         time,
         &format!("redis.call('MGET', '{clock}:s', '{clock}:us')"),
     )
@@ -208,7 +201,7 @@ impl Walk<'_> {
             .map(|(k, _, _)| format!("{}:{k}", self.prefix))
             .collect();
         for (_, policy, cost) in checks {
-            encode::push_check(&mut args, policy, *cost, app_now, "").unwrap();
+            push_check(&mut args, policy, *cost, app_now, "").unwrap();
         }
         let mut invocation = self.script.prepare_invoke();
         for k in &keys {
@@ -218,13 +211,14 @@ impl Walk<'_> {
             invocation.arg(a);
         }
         let value: redis::Value = invocation.invoke(self.conn).unwrap();
-        let replies =
-            encode::decode_replies(value, checks.iter().map(|(_, p, _)| p.limit())).unwrap();
+        let replies = decode_replies(value, checks.iter().map(|(_, p, _)| p.limit())).unwrap();
 
         let mut threaded: HashMap<&str, State> = HashMap::new();
         let mut written: HashMap<&str, Duration> = HashMap::new();
         let mut all = true;
-        for (i, ((key, policy, cost), reply)) in checks.iter().zip(&replies).enumerate() {
+        for (i, ((key, policy, cost), (reply, reply_token))) in
+            checks.iter().zip(&replies).enumerate()
+        {
             let state = threaded
                 .get(key)
                 .or_else(|| self.states.get(*key))
@@ -235,10 +229,10 @@ impl Walk<'_> {
                 "{what}: check {i} of {checks:?} (commit {commit}) at {} on {state:?}",
                 self.now
             );
-            assert_eq!(reply.decision, decision, "{context}");
+            assert_eq!(*reply, decision, "{context}");
             let consumed = decision.allowed && *cost > 0;
             let token = if consumed { token } else { String::new() };
-            assert_eq!(reply.token, token, "the refund token of {context}");
+            assert_eq!(*reply_token, token, "the refund token of {context}");
             all &= decision.allowed;
             if consumed {
                 threaded.insert(key, after);
@@ -433,14 +427,14 @@ fn policies() -> Vec<(Policy, u64)> {
 /// same key twice, or the key and a second key under another policy.
 #[test]
 fn the_check_script_decides_as_the_core_does() {
-    let server = harness::shared_server();
+    let server = testing::shared_server();
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_connection().unwrap();
     let policies = policies();
     let other = Policy::from(TokenBucket::new(3, Rate::per_second(2)).unwrap());
     let mut failed = Vec::new();
     for (n, (policy, scale)) in policies.iter().enumerate() {
-        let prefix = harness::unique_prefix();
+        let prefix = testing::unique_prefix();
         let script = redis::Script::new(&frozen_check_script(&prefix));
         let micros = policy.window() >= Duration::from_nanos(1 << 53);
         let mut walk = Walk {

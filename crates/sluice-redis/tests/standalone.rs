@@ -1,16 +1,15 @@
 //! The Redis store on one `redis-server`: the shared backend suite, and what only a shared
 //! store can show: exactness across instances, skewed application clocks, key layout and TTLs.
 
-mod harness;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{
-    fifty_per_hour, name, offset_to_window_start, shared_server, standalone_backend, test_options,
-};
 use sluice_core::{Alignment, Check, FixedWindow, Policy, SlidingCounter, Store, StoreError};
 use sluice_redis::RedisStore;
+use sluice_redis::testing::{
+    RedisServer, eventually, fifty_per_hour, name, offset_to_window_start, shared_server,
+    standalone_backend, test_options, wait_until,
+};
 
 sluice_core::backend_suite!(standalone_backend());
 
@@ -222,8 +221,8 @@ async fn policies_beyond_lua_doubles_are_refused_up_front() {
 /// `redis+sentinel://` finds the master through a real Sentinel and limits on it.
 #[tokio::test]
 async fn sentinel_urls_find_the_master() {
-    let master = harness::RedisServer::start();
-    let sentinel = harness::RedisServer::start_sentinel(&master);
+    let master = RedisServer::start();
+    let sentinel = RedisServer::start_sentinel(&master);
     let url = format!("redis+sentinel://127.0.0.1:{}/mymaster", sentinel.port);
     let store = RedisStore::connect(&url, test_options()).await.unwrap();
     let policy = &fifty_per_hour()[1];
@@ -272,7 +271,6 @@ async fn a_restarted_instance_keeps_its_limits() {
 /// from its replicated state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failover_moves_the_store_to_the_new_master() {
-    use harness::{RedisServer, eventually, wait_until};
     let master = RedisServer::start();
     let replica = RedisServer::start_replica(&master);
     let sentinel = RedisServer::start_sentinel(&master);

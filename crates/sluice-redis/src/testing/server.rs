@@ -1,31 +1,19 @@
-//! Real `redis-server` processes for tests: one server, or a 3-master Cluster, on free loopback
-//! ports, each in its own temporary directory, without persistence.
+//! [`RedisServer`]: one `redis-server` process (standalone, TLS, replica or Sentinel) on free
+//! loopback ports, in its own temporary directory, without persistence.
 //!
-//! Every server is killed by PID when its handle drops. Servers kept in statics never drop, so
-//! each server also gets a watchdog: a `sh` that waits for this test process to close its stdin
-//! (which happens however the process ends) and then kills the server and removes its directory.
+//! A server is killed by PID when its handle drops. A server kept in a static never drops, so
+//! each server also gets a watchdog: a `sh` that waits for this process to close its stdin
+//! (which happens however the process ends), then kills the server and removes its directory.
 
-#![allow(dead_code, unreachable_pub)]
-
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
-use sluice_core::testing::Backend;
-use sluice_core::{
-    Alignment, FixedWindow, Gcra, LeakyQueue, Policy, Rate, SlidingCounter, SlidingLog, TokenBucket,
-};
-use sluice_redis::{RedisOptions, RedisStore};
-
-/// How long a server may take to come up before the test gives up.
-const STARTUP: Duration = Duration::from_secs(20);
+use super::wait::wait_until;
 
 /// A `redis-server` child process.
 pub struct RedisServer {
+    /// The port it speaks plain RESP on, on 127.0.0.1.
     pub port: u16,
     /// The Cluster bus port, for Cluster nodes.
     bus_port: Option<u16>,
@@ -54,7 +42,8 @@ impl RedisServer {
         Self::start_node(false)
     }
 
-    fn start_node(cluster: bool) -> Self {
+    /// A standalone server, or with `cluster` a Cluster node not yet in a Cluster.
+    pub(super) fn start_node(cluster: bool) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut server = RedisServer {
             port: free_port(),
@@ -289,6 +278,8 @@ impl RedisServer {
             .filter(|s| !s.contains("Could not connect"))
     }
 
+    /// Its temporary directory: its configuration, and for a TLS server its certificates
+    /// (`ca.crt` signs the server's).
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
@@ -298,205 +289,4 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// Polls `ready` until it holds, for at most [`STARTUP`]. Waiting for a server to come up is the
-/// only waiting the tests do; no assertion depends on how long anything took.
-pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + STARTUP;
-    while !ready() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// [`wait_until`] for async conditions, on the test's runtime.
-pub async fn eventually<F, Fut>(what: &str, mut ready: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + STARTUP;
-    while !ready().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A 3-master Redis Cluster.
-pub struct RedisCluster {
-    pub nodes: Vec<RedisServer>,
-}
-
-impl RedisCluster {
-    pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_node(true)).collect();
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        let out = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output()
-            .expect("redis-cli runs");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        for node in &nodes {
-            wait_until("every node sees the cluster as ok", || {
-                node.command(&["CLUSTER", "INFO"]).is_some_and(|i| {
-                    i.contains("cluster_state:ok") && i.contains("cluster_known_nodes:3")
-                })
-            });
-        }
-        RedisCluster { nodes }
-    }
-
-    /// `redis+cluster://` with every node as a seed.
-    pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
-    }
-}
-
-/// One standalone server for every test of this process that needs no server of its own.
-pub fn shared_server() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(RedisServer::start)
-}
-
-/// One Cluster for every test of this process.
-pub fn shared_cluster() -> &'static RedisCluster {
-    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
-    CLUSTER.get_or_init(RedisCluster::start)
-}
-
-/// A key prefix no other test of this run uses, so tests can share servers.
-pub fn unique_prefix() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "test{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Options for tests: a unique prefix and a generous timeout, since debug builds on a loaded
-/// machine are slow and these tests are about behaviour, not speed.
-pub fn test_options() -> RedisOptions {
-    RedisOptions::default()
-        .prefix(unique_prefix())
-        .timeout(Duration::from_secs(5))
-}
-
-/// Redis `TIME` on the server at `port`, in nanoseconds since the epoch.
-pub fn redis_time_nanos(port: u16) -> i64 {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-    s.write_all(b"*1\r\n$4\r\nTIME\r\n").expect("write");
-    let mut buf = [0u8; 256];
-    let mut got = Vec::new();
-    while got.iter().filter(|&&b| b == b'\n').count() < 5 {
-        let n = s.read(&mut buf).expect("read");
-        assert!(n > 0, "TIME reply cut short");
-        got.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&got);
-    let nums: Vec<i64> = text
-        .lines()
-        .filter(|l| !l.starts_with('*') && !l.starts_with('$'))
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
-    nums[0] * 1_000_000_000 + nums[1] * 1_000
-}
-
-/// The offset that puts a store's time 20 ms after a whole second of Redis time, so that a test
-/// of one-second windows does not start just before a boundary. The suite runs on real Redis
-/// time, which keeps moving (a few milliseconds per test); without this, a clock-aligned window
-/// rolling over mid-test would make an exact count flaky.
-pub fn offset_to_second_start(port: u16) -> i64 {
-    offset_to_window_start(port, Duration::from_secs(1))
-}
-
-/// The offset that puts a store's time 20 ms after the start of a clock-aligned `window`.
-pub fn offset_to_window_start(port: u16, window: Duration) -> i64 {
-    let w = i64::try_from(window.as_nanos()).expect("a window below 292 years");
-    let phase = redis_time_nanos(port).rem_euclid(w);
-    w - phase + 20_000_000
-}
-
-/// One policy per algorithm with a limit of 50 that does not refill in the seconds a test runs,
-/// so that a count of admissions is exact however slow the machine.
-pub fn fifty_per_hour() -> Vec<Policy> {
-    let hour = Duration::from_secs(3600);
-    let slow = Rate::per_minute(1);
-    vec![
-        TokenBucket::new(50, slow).map(Policy::from),
-        Gcra::new(slow, 50).map(Policy::from),
-        LeakyQueue::new(slow, 49, hour).map(Policy::from),
-        FixedWindow::new(50, hour, Alignment::FirstRequest).map(Policy::from),
-        FixedWindow::new(50, hour, Alignment::Clock { utc_offset_secs: 0 }).map(Policy::from),
-        SlidingLog::new(50, hour).map(Policy::from),
-        SlidingCounter::new(50, hour).map(Policy::from),
-    ]
-    .into_iter()
-    .map(|p| p.expect("valid policy"))
-    .collect()
-}
-
-/// A name for a policy in assertion messages.
-pub fn name(p: &Policy) -> String {
-    match p {
-        Policy::FixedWindow(fw) => format!("fixed_window {:?}", fw.alignment()),
-        p => p.algorithm().to_string(),
-    }
-}
-
-/// A Redis store under the shared backend suite.
-pub struct RedisBackend {
-    pub store: RedisStore,
-}
-
-impl Backend for RedisBackend {
-    type Store = RedisStore;
-
-    fn store(&self) -> &RedisStore {
-        &self.store
-    }
-
-    fn advance(&self, d: Duration) {
-        self.store.advance_time(d);
-    }
-}
-
-/// A fresh store on the shared standalone server, aligned to a second.
-pub async fn standalone_backend() -> RedisBackend {
-    let server = shared_server();
-    let store = RedisStore::connect(&server.url(), test_options())
-        .await
-        .expect("connect");
-    store.set_time_offset(offset_to_second_start(server.port));
-    RedisBackend { store }
-}
-
-/// A fresh store on the shared Cluster, aligned to a second.
-pub async fn cluster_backend() -> RedisBackend {
-    let cluster = shared_cluster();
-    let store = RedisStore::connect(&cluster.url(), test_options())
-        .await
-        .expect("connect");
-    store.set_time_offset(offset_to_second_start(cluster.nodes[0].port));
-    RedisBackend { store }
 }
