@@ -25,7 +25,6 @@
 
 mod breaker;
 mod connection;
-mod encode;
 mod error;
 mod keys;
 mod options;

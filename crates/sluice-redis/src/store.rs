@@ -15,9 +15,11 @@ use sluice_core::{
 
 use crate::breaker::{Breaker, BreakerState, Permit};
 use crate::connection::{Connection, is_transient};
-use crate::encode::{ARGS_PER_CHECK, Reply, app_now, check_exact, decode_replies, push_check};
 use crate::keys::{counter_key, escape, slot};
 use crate::scripts;
+use crate::scripts::args::{ARGS_PER_CHECK, app_now, push_check};
+use crate::scripts::exact::check_exact;
+use crate::scripts::reply::{Reply, decode_replies};
 use crate::url::{RedisUrl, Topology};
 use crate::{ConnectError, RedisOptions};
 

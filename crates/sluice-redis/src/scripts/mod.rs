@@ -48,7 +48,7 @@
 //! - numbers written back to Redis go through `string.format('%d')` where they can be large,
 //!   because Lua would print one as `1e+15`; concatenation only for TTLs in milliseconds.
 //!
-//! The Rust side keeps every parameter below 2⁵³ (see `encode.rs`): windows and periods up to
+//! The Rust side keeps every parameter below 2⁵³ (see `exact.rs`): windows and periods up to
 //! about 104 days (fixed windows up to about 417 days in whole microseconds, whose every number is
 //! a multiple of 8 below 2⁵⁶), limits up to 9·10¹⁵, and GCRA's burst and the queue's capacity
 //! times their interval (the longest backlog) below 2⁵³ ns too. Durations in replies beyond 2⁵³ ns, such as
@@ -66,7 +66,7 @@
 //! - `ARGV[2]`: for [`CHECK`], `1` to commit when every check admits, `0` to only decide (peek).
 //!   Unused by [`REFUND`].
 //! - `ARGV[3 + 7(i-1)] ..= ARGV[9 + 7(i-1)]`: check `i`: algorithm code, cost, four parameters
-//!   and a refund token (see `encode.rs` for each algorithm's parameters).
+//!   and a refund token (see `args.rs` for each algorithm's parameters).
 //!
 //! ## What is stored
 //!
@@ -79,11 +79,13 @@
 //! that idle counters vanish.
 
 mod algorithm;
+pub(crate) mod args;
+pub(crate) mod exact;
 mod load;
+pub(crate) mod reply;
 
 use std::sync::LazyLock;
 
-pub(crate) use algorithm::code;
 pub(crate) use load::Script;
 
 /// Decides a request's checks that fall in one slot, atomically, and commits them only if all
@@ -92,7 +94,7 @@ pub(crate) use load::Script;
 /// - `KEYS[i]`: the counter key of check `i`.
 /// - `ARGV[1]`: the time offset in nanoseconds (0 in production).
 /// - `ARGV[2]`: `1` to commit when every check admits; `0` to decide without writing (peek).
-/// - `ARGV[3 + 7(i-1)]..`: check `i`: algorithm code (see [`code`]), cost, parameters
+/// - `ARGV[3 + 7(i-1)]..`: check `i`: algorithm code (see [`algorithm::code`]), cost, parameters
 ///   `p1..p4`, unused token.
 ///
 /// Returns one string of six fields per check, every field and check separated by a space:

@@ -3,8 +3,8 @@
 
 use sluice_core::{Decision, Policy, StoreError, Timestamp};
 
-use crate::encode;
 use crate::scripts;
+use crate::scripts::{args, reply};
 
 /// The check script, exactly as the store sends it to Redis.
 pub fn check_script() -> &'static str {
@@ -21,7 +21,7 @@ pub fn push_check(
     now: Timestamp,
     token: &str,
 ) -> Result<(), StoreError> {
-    encode::push_check(args, policy, cost, now, token)
+    args::push_check(args, policy, cost, now, token)
 }
 
 /// Decodes the check script's reply for checks with these `limits`, in order, as the store
@@ -30,6 +30,6 @@ pub fn decode_replies(
     value: redis::Value,
     limits: impl ExactSizeIterator<Item = u64>,
 ) -> Result<Vec<(Decision, String)>, StoreError> {
-    let replies = encode::decode_replies(value, limits)?;
+    let replies = reply::decode_replies(value, limits)?;
     Ok(replies.into_iter().map(|r| (r.decision, r.token)).collect())
 }

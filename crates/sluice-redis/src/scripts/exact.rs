@@ -1,40 +1,20 @@
-//! Policies and costs as script arguments, and script replies as decisions.
-//!
-//! Each check takes seven arguments: algorithm code, cost, four parameters and a refund token.
-//!
-//! | algorithm | p1 | p2 | p3 | p4 |
-//! |---|---|---|---|---|
-//! | token bucket | capacity | refill amount | refill period (ns) | |
-//! | GCRA | burst | emission interval (ns) | | |
-//! | queue | capacity | release interval (ns) | maximum wait (ns) | 1 if the rate is 0 |
-//! | fixed window | limit | window (ns) | 1 if clock-aligned | a window start near now |
-//! | sliding log | limit | window (ns) | | |
-//! | sliding counter | limit | window (ns) | | a window start near now |
-//!
-//! The algorithm code is [`scripts::code`](crate::scripts::code) of the policy's algorithm.
-//!
-//! The refill rate is reduced to lowest terms first, which keeps the script's products small
-//! without changing a single result. Clock-aligned windows are placed by the script on the grid
-//! through a reference window start computed here from the application's clock: any window start
-//! on the grid will do, so a skewed application clock moves nothing, and the script's arithmetic
-//! stays relative to now, where it is exact.
+//! What the scripts hold exactly: Redis runs Lua 5.1, whose numbers are doubles, so every number
+//! a script sees must stay below 2⁵³ (see the `scripts` module's "Numbers in Lua"). A policy with
+//! a larger number is refused, with what to do instead, never rounded.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use sluice_core::{Alignment, Decision, Policy, Rate, StoreError, Timestamp};
+use sluice_core::{Policy, Rate};
 
-use crate::scripts;
+use super::args::reduced;
 
 /// The largest integer Lua (doubles) holds exactly: every number a script sees stays below it.
-pub(crate) const EXACT: u64 = 1 << 53;
-
-/// How many script arguments one check takes.
-pub(crate) const ARGS_PER_CHECK: usize = 7;
+pub(super) const EXACT: u64 = 1 << 53;
 
 /// The longest fixed window the script holds exactly: 2⁵⁵ ns, about 417 days, for windows that
 /// are whole microseconds (see [`exact_fixed_window`]). The script's numbers reach the window
 /// plus the application clock's skew, and stay below 2⁵⁶ while the skew is under 417 days.
-pub(crate) const LONG_WINDOW: u64 = 1 << 55;
+const LONG_WINDOW: u64 = 1 << 55;
 
 /// Why the redis store cannot hold a longer fixed window, for messages.
 const LONG_WINDOW_SPAN: &str =
@@ -45,8 +25,9 @@ const EXACT_SPAN: &str = "about 104 days: its scripts compute in Lua doubles, ex
 
 /// Checks that the check script can hold every number of `policy` exactly, or says which one it
 /// cannot and what to do instead. This is the one statement of what the redis store can hold:
-/// [`push_check`] checks it before every call, and `RedisStore::supports` once per rule when
-/// rules load, so that such a rule is refused then rather than failing each request.
+/// [`push_check`](super::args::push_check) checks it before every call, and
+/// `RedisStore::supports` once per rule when rules load, so that such a rule is refused then
+/// rather than failing each request.
 pub(crate) fn check_exact(policy: &Policy) -> Result<(), String> {
     match policy {
         Policy::TokenBucket(tb) => {
@@ -174,178 +155,12 @@ fn days(nanos: u128) -> String {
     }
 }
 
-/// The nanoseconds of a length that [`check_exact`] has accepted.
-fn nanos_of(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
-/// The application's idea of now, shifted by the store's offset. Used only to pick a reference
-/// window start, so its accuracy does not matter: any start on the grid will do, while the skew
-/// stays well inside the exact range (104 days, or 417 for a long fixed window).
-pub(crate) fn app_now(offset_nanos: i64) -> Timestamp {
-    let wall = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_nanos();
-    let shifted = i128::try_from(wall).unwrap_or(i128::MAX) + i128::from(offset_nanos);
-    Timestamp::from_nanos(u64::try_from(shifted.max(0)).unwrap_or(u64::MAX))
-}
-
-/// Appends the seven arguments of one check to `args`. `token` is the refund token (empty for a
-/// check). A policy the script cannot hold exactly is refused here too, not rounded.
-pub(crate) fn push_check(
-    args: &mut Vec<String>,
-    policy: &Policy,
-    cost: u64,
-    now: Timestamp,
-    token: &str,
-) -> Result<(), StoreError> {
-    check_exact(policy).map_err(StoreError::Rejected)?;
-    // Every limit is below EXACT, so a larger cost is refused as permanently as the real one.
-    let cost = cost.min(EXACT);
-    let p: [String; 4] = match policy {
-        Policy::TokenBucket(tb) => {
-            let (amount, per) = reduced(tb.rate().amount(), tb.rate().per());
-            [
-                tb.capacity().to_string(),
-                amount.to_string(),
-                per.to_string(),
-                String::new(),
-            ]
-        }
-        Policy::Gcra(g) => [
-            g.burst().to_string(),
-            nanos_of(g.emission_interval()).to_string(),
-            String::new(),
-            String::new(),
-        ],
-        Policy::LeakyQueue(q) => [
-            q.capacity().to_string(),
-            nanos_of(q.release_interval()).to_string(),
-            // A wait beyond the exact range is as good as unbounded.
-            nanos_of(q.max_wait()).min(EXACT - 1).to_string(),
-            u8::from(q.rate().amount() == 0).to_string(),
-        ],
-        Policy::FixedWindow(fw) => {
-            let (aligned, reference) = match fw.alignment() {
-                Alignment::Clock { .. } => (1, fw.window_start(Timestamp::EPOCH, now)),
-                Alignment::FirstRequest => (0, Timestamp::EPOCH),
-            };
-            [
-                fw.limit().to_string(),
-                nanos_of(fw.window()).to_string(),
-                aligned.to_string(),
-                reference.as_nanos().to_string(),
-            ]
-        }
-        Policy::SlidingLog(sl) => [
-            sl.limit().to_string(),
-            nanos_of(sl.window()).to_string(),
-            String::new(),
-            String::new(),
-        ],
-        Policy::SlidingCounter(sc) => {
-            let window = nanos_of(sc.window());
-            let n = now.as_nanos();
-            [
-                sc.limit().to_string(),
-                window.to_string(),
-                String::new(),
-                (n - n % window).to_string(),
-            ]
-        }
-    };
-    args.push(scripts::code(policy.algorithm()).to_string());
-    args.push(cost.to_string());
-    args.extend(p);
-    args.push(token.to_owned());
-    Ok(())
-}
-
-/// A rate of `amount` per `per` in lowest terms, `per` in nanoseconds.
-fn reduced(amount: u64, per: Duration) -> (u64, u64) {
-    let per = nanos_of(per);
-    match gcd(amount, per) {
-        0 => (amount, per),
-        g => (amount / g, per / g),
-    }
-}
-
-/// One check's reply from the check script.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Reply {
-    /// The decision.
-    pub(crate) decision: Decision,
-    /// What identifies the consumed units for a refund (empty when nothing was consumed).
-    pub(crate) token: String,
-}
-
-/// Decodes the check script's reply for checks with these `limits`, in order: six fields per
-/// check in one string (see [`crate::scripts`]).
-pub(crate) fn decode_replies(
-    value: redis::Value,
-    limits: impl ExactSizeIterator<Item = u64>,
-) -> Result<Vec<Reply>, StoreError> {
-    let bad = |what: &str| {
-        StoreError::Rejected(format!(
-            "the check script answered {what}; is another program using this key prefix?"
-        ))
-    };
-    let redis::Value::BulkString(text) = value else {
-        return Err(bad("something other than a string"));
-    };
-    let mut fields = text.split(|b| *b == b' ');
-    let mut replies = Vec::with_capacity(limits.len());
-    for limit in limits {
-        let mut field = || fields.next().ok_or_else(|| bad("too few values"));
-        let mut int = || {
-            let f = field()?;
-            std::str::from_utf8(f)
-                .ok()
-                .and_then(|f| f.parse::<i64>().ok())
-                .ok_or_else(|| bad("a non-integer where an integer belongs"))
-        };
-        let nanos = |i: i64| Duration::from_nanos(u64::try_from(i).unwrap_or(0));
-        let allowed = int()? == 1;
-        let remaining = u64::try_from(int()?).unwrap_or(0);
-        let reset_after = nanos(int()?);
-        let retry = int()?;
-        let delay = nanos(int()?);
-        let token = match field()? {
-            b"-" => String::new(),
-            t => String::from_utf8_lossy(t).into_owned(),
-        };
-        let decision = Decision {
-            allowed,
-            limit,
-            remaining,
-            reset_after,
-            retry_after: if retry < 0 {
-                Decision::NEVER
-            } else {
-                nanos(retry)
-            },
-            delay,
-        };
-        replies.push(Reply { decision, token });
-    }
-    if fields.next().is_some() {
-        return Err(bad("too many values"));
-    }
-    Ok(replies)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::{FixedWindow, Gcra, LeakyQueue, SlidingCounter, SlidingLog, TokenBucket};
+    use sluice_core::{
+        Alignment, FixedWindow, Gcra, LeakyQueue, SlidingCounter, SlidingLog, TokenBucket,
+    };
 
     const DAY: Duration = Duration::from_secs(86_400);
     /// The longest length the script holds exactly: 2⁵³ - 1 ns, a little over 104 days.
@@ -473,30 +288,5 @@ mod tests {
             check_exact(&queue(Rate::per_second(0), largest + 1)),
             Ok(())
         );
-    }
-
-    #[test]
-    fn every_call_refuses_what_loading_refuses() {
-        let p = Policy::from(SlidingLog::new(10, 200 * DAY).unwrap());
-        let mut args = Vec::new();
-        let err = push_check(&mut args, &p, 1, Timestamp::from_secs(1), "").unwrap_err();
-        assert_eq!(err, StoreError::Rejected(check_exact(&p).unwrap_err()));
-        assert!(args.is_empty());
-    }
-
-    #[test]
-    fn rates_are_reduced_to_lowest_terms() {
-        assert_eq!(reduced(10, Duration::from_secs(1)), (1, 100_000_000));
-        assert_eq!(reduced(3, Duration::from_secs(1)), (3, 1_000_000_000));
-        assert_eq!(reduced(0, Duration::from_secs(1)), (0, 1));
-    }
-
-    #[test]
-    fn huge_costs_stay_permanent_denials() {
-        let p = Policy::from(TokenBucket::new(5, Rate::per_second(1)).unwrap());
-        let mut args = Vec::new();
-        push_check(&mut args, &p, u64::MAX, Timestamp::from_secs(1), "").unwrap();
-        assert_eq!(args.len(), ARGS_PER_CHECK);
-        assert_eq!(args[1], EXACT.to_string());
     }
 }

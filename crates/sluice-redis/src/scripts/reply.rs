@@ -1,0 +1,69 @@
+//! Script replies as decisions.
+
+use std::time::Duration;
+
+use sluice_core::{Decision, StoreError};
+
+/// One check's reply from the check script.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reply {
+    /// The decision.
+    pub(crate) decision: Decision,
+    /// What identifies the consumed units for a refund (empty when nothing was consumed).
+    pub(crate) token: String,
+}
+
+/// Decodes the check script's reply for checks with these `limits`, in order: six fields per
+/// check in one string (see [`CHECK`](super::CHECK)).
+pub(crate) fn decode_replies(
+    value: redis::Value,
+    limits: impl ExactSizeIterator<Item = u64>,
+) -> Result<Vec<Reply>, StoreError> {
+    let bad = |what: &str| {
+        StoreError::Rejected(format!(
+            "the check script answered {what}; is another program using this key prefix?"
+        ))
+    };
+    let redis::Value::BulkString(text) = value else {
+        return Err(bad("something other than a string"));
+    };
+    let mut fields = text.split(|b| *b == b' ');
+    let mut replies = Vec::with_capacity(limits.len());
+    for limit in limits {
+        let mut field = || fields.next().ok_or_else(|| bad("too few values"));
+        let mut int = || {
+            let f = field()?;
+            std::str::from_utf8(f)
+                .ok()
+                .and_then(|f| f.parse::<i64>().ok())
+                .ok_or_else(|| bad("a non-integer where an integer belongs"))
+        };
+        let nanos = |i: i64| Duration::from_nanos(u64::try_from(i).unwrap_or(0));
+        let allowed = int()? == 1;
+        let remaining = u64::try_from(int()?).unwrap_or(0);
+        let reset_after = nanos(int()?);
+        let retry = int()?;
+        let delay = nanos(int()?);
+        let token = match field()? {
+            b"-" => String::new(),
+            t => String::from_utf8_lossy(t).into_owned(),
+        };
+        let decision = Decision {
+            allowed,
+            limit,
+            remaining,
+            reset_after,
+            retry_after: if retry < 0 {
+                Decision::NEVER
+            } else {
+                nanos(retry)
+            },
+            delay,
+        };
+        replies.push(Reply { decision, token });
+    }
+    if fields.next().is_some() {
+        return Err(bad("too many values"));
+    }
+    Ok(replies)
+}
