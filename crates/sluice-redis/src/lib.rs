@@ -8,6 +8,11 @@
 //! answers at once while Redis is down, so that each rule's `on_store_error` can decide fast.
 //! `docs/redis-store.md` describes the key layout, the scripts and the failure handling.
 //!
+//! [`supports`] says, without a connection, whether a Redis store can hold a policy: the scripts
+//! compute in Lua doubles, so a few extreme policies are refused when rules load. The `testing`
+//! feature adds `sluice_redis::testing`: real `redis-server` processes (one server, a Cluster, a
+//! Sentinel) on free loopback ports, for this crate's tests and those of the crates above it.
+//!
 //! ```no_run
 //! use sluice_core::{Check, Gcra, Policy, Rate, Store};
 //! use sluice_redis::{RedisOptions, RedisStore};
@@ -37,5 +42,5 @@ mod url;
 pub use breaker::BreakerState;
 pub use error::ConnectError;
 pub use options::RedisOptions;
-pub use store::{RedisStats, RedisStore};
+pub use store::{RedisStats, RedisStore, supports};
 pub use url::{RedisUrl, Topology};

@@ -155,15 +155,6 @@ impl RedisStore {
         self.guarded(self.inner.conn.send(&cmd)).await.map(|_| ())
     }
 
-    /// Whether a Redis store can hold `policy`: what [`Store::supports`] answers, without a
-    /// connection, for tools that check rules before any Redis is reachable.
-    pub fn can_hold(policy: &Policy) -> Result<(), UnsupportedPolicy> {
-        check_exact(policy).map_err(|reason| UnsupportedPolicy {
-            store: "redis",
-            reason,
-        })
-    }
-
     /// The Redis key that holds the counter `identity`: `prefix:identity` when the identity
     /// opens with its own hash tag, as every rule key does (`{domain|key=value}:policy`), and
     /// `prefix:{identity}` with braces escaped otherwise.
@@ -490,10 +481,34 @@ impl Store for RedisStore {
         self.remove(key).await
     }
 
-    /// Refuses a policy with a number that Lua's doubles cannot hold exactly: a count of 2⁵³ or
-    /// more, a window or period of about 104 days or more (417 days for a fixed window in whole
-    /// microseconds), or a GCRA or queue backlog that takes 104 days or more to drain.
+    /// See [`supports`](crate::supports): every Redis store holds the same policies.
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
-        RedisStore::can_hold(policy)
+        crate::supports(policy)
     }
+}
+
+/// What [`Store::supports`] answers for any Redis store, without a connection: for tools that
+/// check rules before any Redis is reachable, such as `sluice validate --store`.
+///
+/// Refuses a policy with a number that Lua's doubles cannot hold exactly: a count of 2⁵³ or
+/// more, a window or period of about 104 days or more (417 days for a fixed window in whole
+/// microseconds), or a GCRA or queue backlog that takes 104 days or more to drain. The reason
+/// says which number, and what to do instead.
+///
+/// ```
+/// use std::time::Duration;
+/// use sluice_core::{Policy, SlidingLog};
+///
+/// let day = Duration::from_secs(86_400);
+/// let month = Policy::from(SlidingLog::new(100, 30 * day).unwrap());
+/// assert!(sluice_redis::supports(&month).is_ok());
+/// let year = Policy::from(SlidingLog::new(100, 365 * day).unwrap());
+/// let refused = sluice_redis::supports(&year).unwrap_err();
+/// assert!(refused.reason.contains("longer than the redis store can hold"));
+/// ```
+pub fn supports(policy: &Policy) -> Result<(), UnsupportedPolicy> {
+    check_exact(policy).map_err(|reason| UnsupportedPolicy {
+        store: "redis",
+        reason,
+    })
 }

@@ -209,6 +209,9 @@ async fn policies_beyond_lua_doubles_are_refused_up_front() {
     assert_eq!(Store::supports(&store, &held), Ok(()));
     let shared: Arc<dyn sluice_core::DynStore> = Arc::new(store.clone());
     let refused = shared.supports(&too_long).unwrap_err();
+    // Without a connection, the same answer.
+    assert_eq!(sluice_redis::supports(&held), Ok(()));
+    assert_eq!(sluice_redis::supports(&too_long), Err(refused.clone()));
     assert_eq!(refused.store, "redis");
     assert!(refused.reason.contains("window of 200d"), "{refused}");
     let err = store

@@ -26,8 +26,8 @@ const EXACT_SPAN: &str = "about 104 days: its scripts compute in Lua doubles, ex
 /// Checks that the check script can hold every number of `policy` exactly, or says which one it
 /// cannot and what to do instead. This is the one statement of what the redis store can hold:
 /// [`push_check`](super::args::push_check) checks it before every call, and
-/// `RedisStore::supports` once per rule when rules load, so that such a rule is refused then
-/// rather than failing each request.
+/// [`supports`](crate::supports) (what `Store::supports` answers) once per rule when rules load,
+/// so that such a rule is refused then rather than failing each request.
 pub(crate) fn check_exact(policy: &Policy) -> Result<(), String> {
     match policy {
         Policy::TokenBucket(tb) => {
