@@ -49,10 +49,11 @@
 //!   because Lua would print one as `1e+15`; concatenation only for TTLs in milliseconds.
 //!
 //! The Rust side keeps every parameter below 2⁵³ (see `exact.rs`): windows and periods up to
-//! about 104 days (fixed windows up to about 417 days in whole microseconds, whose every number is
-//! a multiple of 8 below 2⁵⁶), limits up to 9·10¹⁵, and GCRA's burst and the queue's capacity
-//! times their interval (the longest backlog) below 2⁵³ ns too. Durations in replies beyond 2⁵³ ns, such as
-//! the time a huge bucket takes to refill, are rounded; no decision depends on them.
+//! about 104 days (fixed windows up to about 417 days in whole microseconds, whose every number
+//! is a multiple of 8 below 2⁵⁶), limits up to 9·10¹⁵, and GCRA's burst and the queue's capacity
+//! times their interval (the longest backlog) below 2⁵³ ns too. Durations in replies beyond
+//! 2⁵³ ns, such as the time a huge bucket takes to refill, are rounded; no decision depends on
+//! them.
 //!
 //! ## Layout of the arguments
 //!
@@ -72,11 +73,11 @@
 //!
 //! One key per counter. Every algorithm but the sliding log keeps a string, `"<alg> <x> [<y>
 //! [<z>]]"`: the algorithm code (see `algorithm.rs`; a counter found under another algorithm
-//! counts as fresh, as in the memory store) and up to three state fields. A string is read with one `GET` and written
-//! with one `SET … PX`, state and TTL together. The sliding log keeps a list: a header holding
-//! the total of its units, then one `"<nanos> <units>"` entry per distinct arrival time, oldest
-//! first. Every write sets the key's TTL to when the counter is full again, plus a second, so
-//! that idle counters vanish.
+//! counts as fresh, as in the memory store) and up to three state fields. A string is read with
+//! one `GET` and written with one `SET … PX`, state and TTL together. The sliding log keeps a
+//! list: a header holding the total of its units, then one `"<nanos> <units>"` entry per
+//! distinct arrival time, oldest first. Every write sets the key's TTL to when the counter is
+//! full again, plus a second, so that idle counters vanish.
 
 mod algorithm;
 pub(crate) mod args;
