@@ -481,7 +481,7 @@ impl Store for RedisStore {
         self.remove(key).await
     }
 
-    /// See [`supports`](crate::supports): every Redis store holds the same policies.
+    /// See [`crate::supports`]: every Redis store holds the same policies.
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
         crate::supports(policy)
     }
