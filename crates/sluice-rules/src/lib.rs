@@ -44,24 +44,24 @@
 mod decode;
 mod duration;
 mod error;
+mod gateway;
 mod key;
 mod lookup;
 mod matcher;
 mod model;
 mod reload;
-mod routes;
 mod ruleset;
 mod suggest;
 mod yaml;
 
 pub use error::{ConfigError, ErrorKind, LoadError, Location};
+pub use gateway::{
+    Cidr, EntrySpec, Gateway, HostMatch, PathPattern, Route, RouteHeaders, ValueSource, strip_port,
+};
 pub use key::{MAX_IDENTITY_LEN, MAX_KEY_LEN};
 pub use matcher::{Descriptor, DescriptorEntries, MatchedCheck, Matches, Rule};
 pub use model::{
     Action, DescriptorConfig, DomainConfig, LimitConfig, Mode, OnStoreError, Unit, ValueMatch,
 };
 pub use reload::{ReloadEvent, ReloadStats, Reloader, Watcher};
-pub use routes::{
-    Cidr, EntrySpec, Gateway, HostMatch, PathPattern, Route, RouteHeaders, ValueSource, strip_port,
-};
 pub use ruleset::RuleSet;

@@ -197,7 +197,7 @@ pub struct DomainConfig {
     /// The top-level descriptors.
     pub descriptors: Vec<DescriptorConfig>,
     /// The gateway's `routes` and `trusted_proxies`, when this file holds them.
-    pub gateway: Option<crate::routes::Gateway>,
+    pub gateway: Option<crate::gateway::Gateway>,
 }
 
 /// One descriptor rule: a key, an optional value, its limits and its children.

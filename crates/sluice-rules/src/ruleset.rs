@@ -10,9 +10,9 @@ use sluice_core::{Policy, UnsupportedPolicy};
 
 use crate::decode::decode_file;
 use crate::error::{ConfigError, ErrorKind, LoadError, Location};
+use crate::gateway::Gateway;
 use crate::matcher::{CompiledDomain, DescriptorEntries, Matches, Rule, match_request};
 use crate::model::DomainConfig;
-use crate::routes::Gateway;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 

@@ -1,8 +1,9 @@
 //! Decoding the gateway section: `routes` and `trusted_proxies`, located like every other field.
 
-use super::{Decoder, Fields};
+use super::Decoder;
+use super::fields::Fields;
 use crate::error::ErrorKind;
-use crate::routes::{
+use crate::gateway::{
     Cidr, EntrySpec, Gateway, HostMatch, PathPattern, Route, RouteHeaders, ValueSource,
 };
 use crate::yaml::{Node, NodeKind};
@@ -58,18 +59,6 @@ impl Decoder {
             }
         }
         Some(gateway)
-    }
-
-    /// A list of scalars, or one scalar as a list of one.
-    fn string_list<'n>(&mut self, field: &str, node: &'n Node) -> Vec<&'n Node> {
-        match &node.kind {
-            NodeKind::Seq(items) => items.iter().collect(),
-            NodeKind::Scalar { .. } => vec![node],
-            NodeKind::Map(_) => {
-                self.wrong_type(field, node, "a list of strings");
-                Vec::new()
-            }
-        }
     }
 
     fn route(&mut self, node: &Node, index: usize, file_domain: &str) -> Option<Route> {
