@@ -59,7 +59,7 @@ pub use gateway::{
     Cidr, EntrySpec, Gateway, HostMatch, PathPattern, Route, RouteHeaders, ValueSource, strip_port,
 };
 pub use key::{MAX_IDENTITY_LEN, MAX_KEY_LEN};
-pub use matcher::{Descriptor, DescriptorEntries, MatchedCheck, Matches, Rule};
+pub use matcher::{DescriptorEntries, MatchedCheck, Matches, Rule};
 pub use model::{
     Action, DescriptorConfig, DomainConfig, LimitConfig, Mode, OnStoreError, Unit, ValueMatch,
 };

@@ -137,27 +137,6 @@ impl<K: AsRef<str>, V: AsRef<str>, const N: usize> DescriptorEntries for [(K, V)
     }
 }
 
-/// An owned request descriptor with an optional cost of its own.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Descriptor {
-    /// The entries, in order.
-    pub entries: Vec<(String, String)>,
-    /// The descriptor's own cost, if it has one.
-    pub cost: Option<u64>,
-}
-
-impl DescriptorEntries for Descriptor {
-    fn entry_count(&self) -> usize {
-        self.entries.len()
-    }
-    fn entry(&self, i: usize) -> (&str, &str) {
-        (&self.entries[i].0, &self.entries[i].1)
-    }
-    fn cost(&self) -> Option<u64> {
-        self.cost
-    }
-}
-
 /// One compiled rule: its limits and its children.
 #[derive(Debug, Default)]
 struct Node {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sluice_core::{Alignment, FakeClock, MemoryStore, Policy, Store, Timestamp};
-use sluice_rules::{Action, MatchedCheck, Matches, RuleSet};
+use sluice_rules::{Action, DescriptorEntries, MatchedCheck, Matches, RuleSet};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/envoy")
@@ -232,15 +232,34 @@ fn unlimited_yields_no_check() {
     assert_eq!(m.unlimited, [0]);
 }
 
+/// A request descriptor with a cost of its own, as Envoy's `hits_addend` gives one. The engine's
+/// descriptor type lives in another crate; the matcher reads any [`DescriptorEntries`].
+struct Costed {
+    entries: [(&'static str, &'static str); 1],
+    cost: Option<u64>,
+}
+
+impl DescriptorEntries for Costed {
+    fn entry_count(&self) -> usize {
+        self.entries.len()
+    }
+    fn entry(&self, i: usize) -> (&str, &str) {
+        self.entries[i]
+    }
+    fn cost(&self) -> Option<u64> {
+        self.cost
+    }
+}
+
 #[test]
 fn costs_come_from_the_descriptor_or_the_request() {
     let rules = rules();
-    let own = sluice_rules::Descriptor {
-        entries: vec![("account".into(), "a1".into())],
+    let own = Costed {
+        entries: [("account", "a1")],
         cost: Some(7),
     };
-    let plain = sluice_rules::Descriptor {
-        entries: vec![("account".into(), "a2".into())],
+    let plain = Costed {
+        entries: [("account", "a2")],
         cost: None,
     };
     let m = rules.checks("accounts", &[own, plain], 3);
