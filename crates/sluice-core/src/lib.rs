@@ -45,6 +45,7 @@ pub mod algorithm;
 mod arith;
 mod clock;
 mod decision;
+pub mod duration;
 mod fallback;
 mod memory;
 mod policy;
@@ -58,6 +59,7 @@ pub use algorithm::{
 };
 pub use clock::{Clock, FakeClock, SystemClock, Timestamp};
 pub use decision::Decision;
+pub use duration::{parse_duration, parse_duration_or_error};
 pub use fallback::{OnStoreError, UnknownOnStoreError, decide_without_store};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder, unconsumed};
 pub use policy::{Algorithm, Policy, PolicyError, Rate, UnknownAlgorithm};

@@ -42,7 +42,6 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod decode;
-mod duration;
 mod error;
 mod gateway;
 mod key;

@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use sluice_core::parse_duration;
+
 use super::Decoder;
-use crate::duration::parse_duration;
 use crate::error::ErrorKind;
 use crate::suggest::closest;
 use crate::yaml::{Node, NodeKind, parse_bool};
