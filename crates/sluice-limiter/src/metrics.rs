@@ -269,7 +269,7 @@ impl Metrics {
         self.redis.get_or_init(|| {
             let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
             let registry = &mut *registry;
-            let series = RedisSeries {
+            RedisSeries {
                 breaker: registered(
                     registry,
                     "store_breaker_state",
@@ -294,8 +294,7 @@ impl Metrics {
                     "Refunds that failed, leaving a reservation to expire",
                     Counter::default(),
                 ),
-            };
-            series
+            }
         });
     }
 

@@ -116,7 +116,7 @@ pub fn supports_check_for(
     };
     Ok(move |rules: &RuleSet| {
         if redis {
-            rules.check_supported(RedisStore::can_hold)
+            rules.check_supported(sluice_redis::supports)
         } else {
             Ok(())
         }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
+use sluice_core::parse_duration_or_error;
 use sluice_limiter::{HeaderStyle, StoreSettings};
 
 /// Where the rules come from, and how reloads are paced.
@@ -103,26 +104,4 @@ pub(crate) fn start_runtime(log: &LogArgs) -> anyhow::Result<tokio::runtime::Run
         .enable_all()
         .build()
         .context("cannot start the async runtime")
-}
-
-/// TEMPORARY until sluice_core::duration lands: `250ms`, `10s`, `2m`, `1h`.
-pub(crate) fn parse_duration_or_error(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = text.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = text.strip_suffix('h') {
-        (n, 3600.0)
-    } else {
-        (text, 1.0)
-    };
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 10s or 2m"))?;
-    Duration::try_from_secs_f64(value * scale)
-        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 10s or 2m"))
 }

@@ -3,10 +3,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::args::parse_duration_or_error;
 use anyhow::Context as _;
 use clap::Subcommand;
 use sluice_bench as bench;
+use sluice_core::parse_duration_or_error;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchTarget {

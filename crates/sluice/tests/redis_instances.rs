@@ -2,16 +2,13 @@
 //! limit between them, for every algorithm, and keep it across a restart. Real processes, a real
 //! `redis-server`, real HTTP.
 
-#[path = "../../sluice-redis/tests/harness/mod.rs"]
-mod harness;
-
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
-use harness::{RedisCluster, RedisServer, unique_prefix};
 use serde_json::{Value, json};
+use sluice_redis::testing::{RedisCluster, RedisServer, eventually, unique_prefix, wait_until};
 
 /// Every algorithm with a limit of 50 that does not refill while a test runs.
 const RULES: &str = r#"
@@ -84,7 +81,7 @@ impl Instance {
             child,
             http: format!("http://{http}"),
         };
-        harness::wait_until("sluice answers /readyz", || {
+        wait_until("sluice answers /readyz", || {
             std::net::TcpStream::connect(&http).is_ok()
         });
         instance
@@ -300,7 +297,7 @@ async fn with_redis_down_answers_follow_on_store_error_and_stay_fast() {
     assert_eq!(ready.status().as_u16(), 503);
     // Back: exact limiting resumes (this Redis keeps no data across the restart).
     redis.restart();
-    harness::eventually("limiting resumes on Redis", || async {
+    eventually("limiting resumes on Redis", || async {
         status(("closed", "b")).await == 200
     })
     .await;
@@ -458,7 +455,7 @@ fn spawn_listening(args: &[&str], addr: &str) -> Process {
         .spawn()
         .expect("sluice starts");
     let process = Process(child);
-    harness::wait_until(&format!("{} listens on {addr}", args[0]), || {
+    wait_until(&format!("{} listens on {addr}", args[0]), || {
         std::net::TcpStream::connect(addr).is_ok()
     });
     process
