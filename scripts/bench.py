@@ -10,6 +10,11 @@
 - gateway: `sluice proxy` in front of the trivial upstream against the upstream direct, at
   maximum and at a fixed rate of half the proxied maximum. With --pin the gateway has a CPU of
   its own and everything else shares the rest.
+- ab: this build against another build of sluice (`--baseline-bin PATH`), on HTTP `/json`,
+  gRPC and the gateway: the server under test alone on CPU 0, the generator (always this
+  build's) and the upstream on the others. Reports throughput and the server's CPU time per
+  answer (utime + stime from /proc/PID/stat over the run, divided by the answers), as medians
+  of per-round ratios. CPU per answer does not depend on how the cores are shared.
 
 Every server runs in its own process on loopback; the generator is one more, on one thread.
 Runs are interleaved (one of each, then again) and the medians printed as Markdown tables.
@@ -119,6 +124,21 @@ def redis_benchmark(port, sha, requests=200_000):
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     last = [line for line in out.splitlines() if line.startswith('"EVALSHA')][-1]
     return float(last.split('","')[1])
+
+
+def cpu_seconds(pid):
+    """utime + stime of process `pid`, in seconds (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_cpu(proc, run):
+    """`run()`'s report, with the CPU time `proc` spent per answer during it, in µs."""
+    before = cpu_seconds(proc.pid)
+    report = run()
+    report["cpu_us"] = (cpu_seconds(proc.pid) - before) * 1e6 / max(report["requests"], 1)
+    return report
 
 
 def med(values):
@@ -235,11 +255,57 @@ def gateway(tmp, runs, secs, pin=False):
     print()
 
 
+def ab(tmp, runs, secs, baseline_bin):
+    last = (os.cpu_count() or 1) - 1
+    own, rest = ("0", f"1-{last}" if last > 1 else "1") if last > 0 else (None, None)
+    up_port = free_port()
+    log = open(os.path.join(tmp, "ab.log"), "w")
+    start([BIN, "bench", "upstream", "--listen", f"127.0.0.1:{up_port}"], log, cpus=rest)
+    wait_port(up_port, "the upstream")
+    rules = os.path.join(tmp, "rules.yaml")
+    servers = {}
+    for name, binary in [("baseline", baseline_bin), ("this", BIN)]:
+        http_port, grpc_port, proxy_port = free_port(), free_port(), free_port()
+        serve = start([binary, "serve", "--config", rules, "--http-addr", f"127.0.0.1:{http_port}",
+                       "--grpc-addr", f"127.0.0.1:{grpc_port}"], log, cpus=own)
+        proxy = start([binary, "proxy", "--config", rules, "--listen", f"127.0.0.1:{proxy_port}",
+                       "--upstream", f"http://127.0.0.1:{up_port}"], log, cpus=own)
+        wait_port(http_port, f"{name} serve")
+        wait_port(proxy_port, f"{name} proxy")
+        servers[name] = {
+            "HTTP `/json`": lambda p=serve, port=http_port: with_cpu(p, lambda: http_post(
+                f"http://127.0.0.1:{port}/json", secs, cpus=rest)),
+            "gRPC `ShouldRateLimit`": lambda p=serve, port=grpc_port: with_cpu(p, lambda: grpc(
+                f"127.0.0.1:{port}", secs, cpus=rest)),
+            "gateway GET": lambda p=proxy, port=proxy_port: with_cpu(p, lambda: bench(
+                "http", f"http://127.0.0.1:{port}/api/items/{{n}}", secs=secs, cpus=rest)),
+        }
+    results = {path: {"baseline": [], "this": []} for path in servers["this"]}
+    for round_ in range(runs):
+        order = ["baseline", "this"] if round_ % 2 == 0 else ["this", "baseline"]
+        for path in results:
+            for name in order:
+                results[path][name].append(servers[name][path]())
+    print(f"\n### This build against `{baseline_bin}`, {runs} interleaved rounds × {secs} s\n")
+    print("| path | baseline answers/s | this answers/s | × baseline | baseline CPU µs/answer "
+          "| this CPU µs/answer | × baseline |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for path, by in results.items():
+        old, new = by["baseline"], by["this"]
+        rate_ratio = med([n["throughput"] / o["throughput"] for o, n in zip(old, new)])
+        cpu_ratio = med([n["cpu_us"] / o["cpu_us"] for o, n in zip(old, new)])
+        print(f"| {path} | {med([r['throughput'] for r in old]):,.0f} "
+              f"| {med([r['throughput'] for r in new]):,.0f} | {rate_ratio:.2f} "
+              f"| {med([r['cpu_us'] for r in old]):.1f} | {med([r['cpu_us'] for r in new]):.1f} "
+              f"| {cpu_ratio:.2f} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="*", default=["service", "redis", "gateway"])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--secs", type=int, default=5)
+    parser.add_argument("--baseline-bin", help="ab: the other build of sluice to compare with")
     parser.add_argument("--pin", action="store_true",
                         help="gateway: give the gateway a CPU of its own (taskset)")
     args = parser.parse_args()
@@ -252,6 +318,10 @@ def main():
             for what in args.what:
                 if what == "gateway":
                     gateway(tmp, args.runs, args.secs, pin=args.pin)
+                elif what == "ab":
+                    if not args.baseline_bin:
+                        sys.exit("ab needs --baseline-bin PATH, another build of sluice")
+                    ab(tmp, args.runs, args.secs, args.baseline_bin)
                 else:
                     {"service": service, "redis": redis}[what](tmp, args.runs, args.secs)
                 stop_all()

@@ -4,7 +4,7 @@
 //! A backend crate provides a [`Backend`]: a store plus a way to move its clock, then calls the
 //! macro in an integration test:
 //!
-//! ```ignore
+//! ```text
 //! async fn memory() -> MyBackend { ... }
 //! sluice_core::backend_suite!(memory());
 //! ```
