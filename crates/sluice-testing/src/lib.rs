@@ -1,5 +1,6 @@
 //! What Sluice's tests share: rules in a temp dir, limiters over them on fake clocks, a clock
-//! that follows tokio's paused time, a real upstream on a loopback port, free and closed ports.
+//! that follows tokio's paused time, a real upstream on a loopback port, free and closed ports,
+//! and real processes killed by PID when dropped ([`process`]).
 //! Dev-only: no published crate depends on it.
 
 #![forbid(unsafe_code)]
@@ -19,6 +20,8 @@ use futures_util::StreamExt;
 use sluice_core::{Clock, DynStore, FakeClock, MemoryStore, Timestamp};
 use sluice_limiter::{Limiter, Metrics};
 use sluice_rules::Reloader;
+
+pub mod process;
 
 /// `rules` (YAML text) written to `name` in a new temp dir, which must outlive its use.
 pub fn rules_file(name: &str, rules: &str) -> (std::path::PathBuf, tempfile::TempDir) {

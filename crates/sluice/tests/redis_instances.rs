@@ -2,13 +2,13 @@
 //! limit between them, for every algorithm, and keep it across a restart. Real processes, a real
 //! `redis-server`, real HTTP.
 
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use sluice_redis::testing::{RedisCluster, RedisServer, eventually, unique_prefix, wait_until};
+use sluice_redis::testing::{RedisCluster, RedisServer, eventually, unique_prefix};
+use sluice_testing::process::{Spawned, free_addr, spawn_listening};
 
 /// Every algorithm with a limit of 50 that does not refill while a test runs.
 const RULES: &str = r#"
@@ -41,21 +41,17 @@ const ALGORITHMS: [&str; 6] = [
 
 /// A `sluice serve` child process, killed by PID when dropped.
 struct Instance {
-    child: Child,
+    _process: Spawned,
     http: String,
 }
 
 impl Instance {
     fn start(rules: &Path, store: &str, prefix: &str) -> Instance {
-        let free = || {
-            TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.to_string())
-                .expect("a free port")
-        };
-        let (http, grpc) = (free(), free());
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args([
+        let (http, grpc) = (free_addr(), free_addr());
+        let rules = rules.to_str().expect("a UTF-8 temp path");
+        let process = spawn_listening(
+            env!("CARGO_BIN_EXE_sluice"),
+            &[
                 "serve",
                 "--http-addr",
                 &http,
@@ -63,35 +59,19 @@ impl Instance {
                 &grpc,
                 "--store",
                 store,
-            ])
-            .args([
                 "--store-prefix",
                 prefix,
                 "--store-timeout-ms",
                 "5000",
                 "--config",
-            ])
-            .arg(rules)
-            .env("SLUICE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("sluice starts");
-        let instance = Instance {
-            child,
+                rules,
+            ],
+            &http,
+        );
+        Instance {
+            _process: process,
             http: format!("http://{http}"),
-        };
-        wait_until("sluice answers /readyz", || {
-            std::net::TcpStream::connect(&http).is_ok()
-        });
-        instance
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        }
     }
 }
 
@@ -435,30 +415,9 @@ async fn a_reload_to_rules_redis_cannot_hold_keeps_the_old_rules() {
     assert_eq!(status("a").await, 429, "the old limit of 1 an hour holds");
 }
 
-/// A child process killed by PID when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `sluice ARGS...` and waits until `addr` accepts connections.
-fn spawn_listening(args: &[&str], addr: &str) -> Process {
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .env("SLUICE_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("sluice starts");
-    let process = Process(child);
-    wait_until(&format!("{} listens on {addr}", args[0]), || {
-        std::net::TcpStream::connect(addr).is_ok()
-    });
-    process
+fn sluice_listening(args: &[&str], addr: &str) -> Spawned {
+    spawn_listening(env!("CARGO_BIN_EXE_sluice"), args, addr)
 }
 
 /// Two `sluice proxy` gateways on one Redis, in front of a real upstream, share one per-IP limit
@@ -480,14 +439,8 @@ routes:
 ",
     )
     .unwrap();
-    let free = || {
-        TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.to_string())
-            .expect("a free port")
-    };
-    let (upstream, a, b) = (free(), free(), free());
-    let _upstream = spawn_listening(&["bench", "upstream", "--listen", &upstream], &upstream);
+    let (upstream, a, b) = (free_addr(), free_addr(), free_addr());
+    let _upstream = sluice_listening(&["bench", "upstream", "--listen", &upstream], &upstream);
     let prefix = unique_prefix();
     let upstream_url = format!("http://{upstream}");
     let gateway = |listen: &str| {
@@ -506,7 +459,7 @@ routes:
             "--config",
             rules.to_str().unwrap(),
         ];
-        spawn_listening(&args, listen)
+        sluice_listening(&args, listen)
     };
     let (_a, _b) = (gateway(&a), gateway(&b));
     let client = reqwest::Client::new();
