@@ -3,6 +3,7 @@
 
 mod args;
 mod bench_cmd;
+mod simulate_cmd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -45,6 +46,9 @@ enum Command {
         #[command(subcommand)]
         target: bench_cmd::BenchTarget,
     },
+    /// Run the real algorithms on a simulated clock against a traffic trace and write an HTML
+    /// report with plots and a CSV of every decision.
+    Simulate(simulate_cmd::SimulateArgs),
     /// Check rule files and directories; prints every error as file:line:col.
     Validate {
         /// Files or directories of rules.
@@ -132,6 +136,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => exit(serve(args)),
         Command::Proxy(args) => exit(proxy(args)),
         Command::Bench { target } => exit(bench_cmd::run(target)),
+        Command::Simulate(args) => exit(simulate_cmd::run(args)),
     }
 }
 

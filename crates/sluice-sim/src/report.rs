@@ -1,0 +1,338 @@
+//! The report: a self-contained HTML page (inline SVG, no script, no external file) with one plot
+//! per lane and a summary table, and the decisions as CSV.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use plotters::prelude::*;
+
+use crate::run::{LaneRun, Outcome};
+use crate::trace::Trace;
+
+/// Points along the time axis of a plot.
+const BUCKETS: usize = 200;
+
+/// What the report is about, for its title.
+#[derive(Debug, Clone)]
+pub struct About {
+    /// The traffic: a pattern's name or a file's.
+    pub traffic: String,
+    /// The nominal window, for "largest admitted in any window".
+    pub window: Duration,
+}
+
+/// The HTML report of `runs` over `trace`.
+pub fn html(trace: &Trace, runs: &[LaneRun], about: &About) -> Result<String, ReportError> {
+    let span = trace.span().max(Duration::from_millis(1));
+    let busiest = busiest_key(trace);
+    let mut out = String::new();
+    let title = format!("Sluice simulation: {}", escape(&about.traffic));
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <title>{title}</title>\n<style>\n\
+         body {{ font-family: sans-serif; margin: 2em auto; max-width: 960px; color: #222; }}\n\
+         table {{ border-collapse: collapse; margin: 1em 0; }}\n\
+         td, th {{ border: 1px solid #ccc; padding: 4px 10px; text-align: right; }}\n\
+         td:first-child, th:first-child {{ text-align: left; }}\n\
+         .over {{ color: #b00; font-weight: bold; }}\n\
+         figure {{ margin: 1.5em 0; }}\n</style>\n</head>\n<body>\n<h1>{title}</h1>\n"
+    );
+    let _ = writeln!(
+        out,
+        "<p>{} requests over {} key(s) in {:.1} s, each decided by the real algorithm in a memory \
+         store on a simulated clock. The state plots follow the busiest key, <code>{}</code>. \
+         \"Largest in any window\" is the most units admitted for one key within any stretch of \
+         {:?}: above the limit, a burst got through.</p>",
+        trace.arrivals.len(),
+        trace.keys.len(),
+        span.as_secs_f64(),
+        escape(trace.keys.get(busiest as usize).map_or("", String::as_str)),
+        about.window,
+    );
+    out.push_str(
+        "<table>\n<tr><th>lane</th><th>admitted</th><th>refused</th><th>limit</th>\
+         <th>largest in any window</th><th>longest queue wait</th></tr>\n",
+    );
+    for run in runs {
+        let limit = run.lane.policy.limit();
+        let peak = run.peak_within(about.window);
+        let class = if peak > limit { " class=\"over\"" } else { "" };
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{limit}</td><td{class}>{peak} ({:.2}×)</td>\
+             <td>{:.3} s</td></tr>",
+            escape(&run.lane.name),
+            run.admitted(),
+            run.rejected(),
+            peak as f64 / limit.max(1) as f64,
+            run.max_delay().as_secs_f64(),
+        );
+    }
+    out.push_str("</table>\n");
+    for run in runs {
+        let _ = write!(
+            out,
+            "<figure>\n<figcaption><strong>{}</strong> ({})</figcaption>\n{}\n</figure>\n",
+            escape(&run.lane.name),
+            run.lane.policy.algorithm().name(),
+            plot(run, span, busiest)?
+        );
+    }
+    out.push_str("</body>\n</html>\n");
+    Ok(out)
+}
+
+/// The decisions as CSV: `lane,seconds,key,cost,allowed,used,remaining,delay_seconds`.
+pub fn csv(trace: &Trace, runs: &[LaneRun]) -> String {
+    let mut out = String::from("lane,seconds,key,cost,allowed,used,remaining,delay_seconds\n");
+    for run in runs {
+        for o in &run.outcomes {
+            let _ = writeln!(
+                out,
+                "{},{:.6},{},{},{},{},{},{:.6}",
+                csv_field(&run.lane.name),
+                o.at.as_secs_f64(),
+                csv_field(&trace.keys[o.key as usize]),
+                o.cost,
+                o.decision.allowed,
+                o.used(),
+                o.decision.remaining,
+                o.decision.delay.as_secs_f64(),
+            );
+        }
+    }
+    out
+}
+
+/// A plot could not be drawn.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot draw the plot of {lane}: {message}")]
+pub struct ReportError {
+    lane: String,
+    message: String,
+}
+
+/// The key with the most requests.
+fn busiest_key(trace: &Trace) -> u32 {
+    let mut counts = vec![0u64; trace.keys.len()];
+    for a in &trace.arrivals {
+        counts[a.key as usize] += 1;
+    }
+    (0..counts.len())
+        .max_by_key(|&k| (counts[k], std::cmp::Reverse(k)))
+        .unwrap_or(0) as u32
+}
+
+/// One lane's SVG: admitted and refused over time, then the busiest key's state, then (for a
+/// lane that queued) the queue wait.
+fn plot(run: &LaneRun, span: Duration, busiest: u32) -> Result<String, ReportError> {
+    let fail = |e: &dyn std::fmt::Display| ReportError {
+        lane: run.lane.name.clone(),
+        message: e.to_string(),
+    };
+    let span_s = span.as_secs_f64();
+    let width = span_s / BUCKETS as f64;
+    let mut admitted = vec![0u64; BUCKETS + 1];
+    let mut refused = vec![0u64; BUCKETS + 1];
+    for o in &run.outcomes {
+        let i = ((o.at.as_secs_f64() / width) as usize).min(BUCKETS);
+        if o.decision.allowed {
+            admitted[i] += 1;
+        } else {
+            refused[i] += 1;
+        }
+    }
+    let key: Vec<&Outcome> = run.outcomes.iter().filter(|o| o.key == busiest).collect();
+    let queued = run.max_delay() > Duration::ZERO;
+    let panels = if queued { 3 } else { 2 };
+    let mut svg = String::new();
+    {
+        let root =
+            SVGBackend::with_string(&mut svg, (900, 220 * panels as u32)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| fail(&e))?;
+        let areas = root.split_evenly((panels, 1));
+        let top = *admitted.iter().chain(&refused).max().unwrap_or(&1) as f64;
+        let mut chart = ChartBuilder::on(&areas[0])
+            .caption(format!("requests per {width:.2} s"), ("sans-serif", 15))
+            .margin(8)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..span_s, 0f64..top.max(1.0) * 1.1)
+            .map_err(|e| fail(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds")
+            .y_desc("requests")
+            .draw()
+            .map_err(|e| fail(&e))?;
+        let series = |counts: &[u64]| -> Vec<(f64, f64)> {
+            counts
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (i as f64 * width, n as f64))
+                .collect()
+        };
+        let green = RGBColor(0x1b, 0x9e, 0x4b);
+        let red = RGBColor(0xc0, 0x39, 0x2b);
+        chart
+            .draw_series(LineSeries::new(series(&admitted), green.stroke_width(2)))
+            .map_err(|e| fail(&e))?
+            .label("admitted")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], green));
+        chart
+            .draw_series(LineSeries::new(series(&refused), red.stroke_width(2)))
+            .map_err(|e| fail(&e))?
+            .label("refused")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red));
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| fail(&e))?;
+
+        let limit = run.lane.policy.limit() as f64;
+        let mut state = ChartBuilder::on(&areas[1])
+            .caption(
+                "busiest key: units of the limit in use after each request",
+                ("sans-serif", 15),
+            )
+            .margin(8)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..span_s, 0f64..limit.max(1.0) * 1.1)
+            .map_err(|e| fail(&e))?;
+        state
+            .configure_mesh()
+            .x_desc("seconds")
+            .y_desc("in use")
+            .draw()
+            .map_err(|e| fail(&e))?;
+        let blue = RGBColor(0x2c, 0x6f, 0xbb);
+        // A step line: the state holds from one request to the next.
+        let mut steps: Vec<(f64, f64)> = Vec::with_capacity(key.len() * 2);
+        for o in &key {
+            let x = o.at.as_secs_f64();
+            if let Some(&(_, y)) = steps.last() {
+                steps.push((x, y));
+            }
+            steps.push((x, o.used() as f64));
+        }
+        state
+            .draw_series(LineSeries::new(steps, blue.stroke_width(1)))
+            .map_err(|e| fail(&e))?;
+        state
+            .draw_series(LineSeries::new(
+                [(0.0, limit), (span_s, limit)],
+                BLACK.mix(0.4).stroke_width(1),
+            ))
+            .map_err(|e| fail(&e))?;
+
+        if queued {
+            let waits: Vec<(f64, f64)> = key
+                .iter()
+                .filter(|o| o.decision.allowed)
+                .map(|o| (o.at.as_secs_f64(), o.decision.delay.as_secs_f64()))
+                .collect();
+            let most = run.max_delay().as_secs_f64();
+            let mut wait = ChartBuilder::on(&areas[2])
+                .caption(
+                    "busiest key: queue wait of each admitted request",
+                    ("sans-serif", 15),
+                )
+                .margin(8)
+                .x_label_area_size(30)
+                .y_label_area_size(50)
+                .build_cartesian_2d(0f64..span_s, 0f64..most * 1.1)
+                .map_err(|e| fail(&e))?;
+            wait.configure_mesh()
+                .x_desc("seconds")
+                .y_desc("wait (s)")
+                .draw()
+                .map_err(|e| fail(&e))?;
+            wait.draw_series(
+                waits
+                    .into_iter()
+                    .map(|p| Circle::new(p, 2, RGBColor(0x8e, 0x44, 0xad).filled())),
+            )
+            .map_err(|e| fail(&e))?;
+        }
+        root.present().map_err(|e| fail(&e))?;
+    }
+    Ok(svg)
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn csv_field(text: &str) -> String {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::{compare_lanes, simulate};
+    use crate::trace::{Pattern, Shape, generate};
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn the_page_has_one_svg_per_lane_and_marks_the_fixed_windows_burst() {
+        let trace = generate(Pattern::Boundary, &Shape::around(5, MINUTE));
+        let runs = simulate(&trace, &compare_lanes(5, MINUTE).unwrap());
+        let page = html(
+            &trace,
+            &runs,
+            &About {
+                traffic: "boundary <test>".into(),
+                window: MINUTE,
+            },
+        )
+        .unwrap();
+        assert!(page.starts_with("<!DOCTYPE html>"));
+        assert!(page.trim_end().ends_with("</html>"));
+        assert_eq!(page.matches("<svg").count(), 6);
+        assert_eq!(page.matches("</svg>").count(), 6);
+        assert!(page.contains("boundary &lt;test&gt;"));
+        assert!(!page.contains("<script"), "the report runs no script");
+        let fixed_row = page
+            .lines()
+            .find(|l| l.starts_with("<tr><td>fixed_window"))
+            .unwrap();
+        assert!(
+            fixed_row.contains("<td class=\"over\">10 (2.00×)</td>"),
+            "{fixed_row}"
+        );
+        let log_row = page
+            .lines()
+            .find(|l| l.starts_with("<tr><td>sliding_log"))
+            .unwrap();
+        assert!(log_row.contains("<td>5 (1.00×)</td>"), "{log_row}");
+    }
+
+    #[test]
+    fn the_csv_has_a_row_per_decision_per_lane() {
+        let trace = Trace::parse("t", "0,a\n1,b\"q\n").unwrap();
+        let runs = simulate(&trace, &compare_lanes(1, MINUTE).unwrap()[..2]);
+        let text = csv(&trace, &runs);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1 + 2 * 2);
+        assert_eq!(lines[1], "token_bucket,0.000000,a,1,true,1,0,0.000000");
+        // A key with a quote in its name comes back quoted, the quote doubled.
+        assert!(
+            lines[2].starts_with("token_bucket,1.000000,\"b\"\"q\","),
+            "{}",
+            lines[2]
+        );
+    }
+}

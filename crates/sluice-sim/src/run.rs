@@ -1,0 +1,260 @@
+//! Running a trace through the real algorithms: each lane is a memory store, the same one the
+//! service uses, on a fake clock that the trace moves.
+
+use std::time::Duration;
+
+use sluice_core::{
+    Alignment, Check, Decision, FakeClock, FixedWindow, Gcra, LeakyQueue, MemoryStore, Policy,
+    PolicyError, Rate, SlidingCounter, SlidingLog, Timestamp, TokenBucket,
+};
+
+use crate::trace::Trace;
+
+/// Where simulated time starts: midnight UTC, so clock-aligned windows of any length that
+/// divides a day begin with the trace.
+pub const START: Timestamp = Timestamp::from_secs(20_000 * 86_400);
+
+/// One algorithm under test, by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lane {
+    /// A name for the report: the algorithm, or the rule's path.
+    pub name: String,
+    /// The policy.
+    pub policy: Policy,
+}
+
+/// Every algorithm at the same nominal limit: `limit` requests per `window`. The token bucket
+/// and GCRA hold a burst of `limit` and refill at `limit` per window; the queue holds `limit`
+/// waiting requests and releases them at that rate.
+pub fn compare_lanes(limit: u64, window: Duration) -> Result<Vec<Lane>, PolicyError> {
+    let rate = Rate::new(limit, window)?;
+    let policies: [Policy; 6] = [
+        TokenBucket::new(limit, rate)?.into(),
+        Gcra::new(rate, limit)?.into(),
+        LeakyQueue::new(rate, limit, window)?.into(),
+        FixedWindow::new(limit, window, Alignment::Clock { utc_offset_secs: 0 })?.into(),
+        SlidingLog::new(limit, window)?.into(),
+        SlidingCounter::new(limit, window)?.into(),
+    ];
+    Ok(policies
+        .into_iter()
+        .map(|policy| Lane {
+            name: policy.algorithm().name().to_owned(),
+            policy,
+        })
+        .collect())
+}
+
+/// One lane per limit of a rule set, named by the rule's path (and its `name`, when it has one),
+/// so an operator sees their own rules on the trace.
+pub fn rule_lanes(rules: &sluice_rules::RuleSet) -> Vec<Lane> {
+    rules
+        .rules()
+        .map(|rule| Lane {
+            name: match &rule.name {
+                Some(name) => format!("{} ({name})", rule.path),
+                None => rule.path.to_string(),
+            },
+            policy: (*rule.policy).clone(),
+        })
+        .collect()
+}
+
+/// What one request got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// When it arrived, since the trace began.
+    pub at: Duration,
+    /// Its key.
+    pub key: u32,
+    /// Its cost.
+    pub cost: u64,
+    /// The decision.
+    pub decision: Decision,
+}
+
+impl Outcome {
+    /// The limiter's state after the request, as units of the limit in use: the count in the
+    /// window, the log's length, the tokens spent, the requests queued.
+    pub fn used(&self) -> u64 {
+        self.decision.limit.saturating_sub(self.decision.remaining)
+    }
+}
+
+/// A lane's run over a trace.
+#[derive(Debug, Clone)]
+pub struct LaneRun {
+    /// The lane.
+    pub lane: Lane,
+    /// One outcome per request, in trace order.
+    pub outcomes: Vec<Outcome>,
+}
+
+impl LaneRun {
+    /// Requests admitted, and units they took.
+    pub fn admitted(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.decision.allowed).count()
+    }
+
+    /// Requests refused.
+    pub fn rejected(&self) -> usize {
+        self.outcomes.len() - self.admitted()
+    }
+
+    /// The most units admitted for one key within any stretch of `span`: for a fixed window
+    /// at the boundary attack this is twice its limit; for the log it never exceeds the limit.
+    /// Queued requests count when they are released, not when they arrive.
+    pub fn peak_within(&self, span: Duration) -> u64 {
+        let mut by_key: std::collections::HashMap<u32, Vec<(Duration, u64)>> =
+            std::collections::HashMap::new();
+        for o in self.outcomes.iter().filter(|o| o.decision.allowed) {
+            by_key
+                .entry(o.key)
+                .or_default()
+                .push((o.at + o.decision.delay, o.cost));
+        }
+        let mut peak = 0;
+        for times in by_key.values_mut() {
+            times.sort_by_key(|t| t.0);
+            // Two pointers: the units in (t - span, t] for each admitted t.
+            let (mut first, mut sum) = (0, 0u64);
+            for (i, &(t, cost)) in times.iter().enumerate() {
+                sum += cost;
+                while times[first].0 + span <= t {
+                    sum -= times[first].1;
+                    first += 1;
+                }
+                debug_assert!(first <= i);
+                peak = peak.max(sum);
+            }
+        }
+        peak
+    }
+
+    /// The longest a queued request waited.
+    pub fn max_delay(&self) -> Duration {
+        self.outcomes
+            .iter()
+            .filter(|o| o.decision.allowed)
+            .map(|o| o.decision.delay)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// Runs `trace` through each lane: a fresh memory store per lane, its clock set to each
+/// request's arrival before the store decides it.
+pub fn simulate(trace: &Trace, lanes: &[Lane]) -> Vec<LaneRun> {
+    lanes
+        .iter()
+        .map(|lane| {
+            let clock = FakeClock::at(START);
+            let store = MemoryStore::builder()
+                .clock(clock.clone())
+                // One shard holding every key: nothing is evicted, and the run is the same on
+                // every machine (no per-process hash seed decides which shard fills first).
+                .shards(1)
+                .max_keys(trace.keys.len().max(1))
+                .build();
+            let outcomes = trace
+                .arrivals
+                .iter()
+                .map(|a| {
+                    clock.set(START.saturating_add(a.at));
+                    let key = &trace.keys[a.key as usize];
+                    let decision = store
+                        .check_one(Check::new(key, &lane.policy, a.cost))
+                        .unwrap_or_else(|e| panic!("the memory store refused a check: {e}"));
+                    Outcome {
+                        at: a.at,
+                        key: a.key,
+                        cost: a.cost,
+                        decision,
+                    }
+                })
+                .collect();
+            LaneRun {
+                lane: lane.clone(),
+                outcomes,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Pattern, Shape, generate};
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    fn run(pattern: Pattern) -> Vec<LaneRun> {
+        let trace = generate(pattern, &Shape::around(5, MINUTE));
+        simulate(&trace, &compare_lanes(5, MINUTE).unwrap())
+    }
+
+    fn lane<'a>(runs: &'a [LaneRun], name: &str) -> &'a LaneRun {
+        runs.iter().find(|r| r.lane.name == name).unwrap()
+    }
+
+    #[test]
+    fn the_boundary_attack_gets_twice_the_limit_through_a_fixed_window_and_not_the_log() {
+        let runs = run(Pattern::Boundary);
+        // At 5 a minute, the fixed window admits 5 just before the boundary and 5 just after:
+        // 10 within a minute.
+        assert_eq!(lane(&runs, "fixed_window").peak_within(MINUTE), 10);
+        assert_eq!(lane(&runs, "sliding_log").peak_within(MINUTE), 5);
+        // The counter weighs the previous window, so it stays at the limit here too.
+        assert!(lane(&runs, "sliding_counter").peak_within(MINUTE) <= 6);
+    }
+
+    #[test]
+    fn the_log_never_exceeds_its_limit_on_any_pattern() {
+        for pattern in Pattern::ALL {
+            let runs = run(pattern);
+            let log = lane(&runs, "sliding_log");
+            assert!(log.admitted() > 0, "{pattern:?}");
+            assert!(log.peak_within(MINUTE) <= 5, "{pattern:?}");
+        }
+    }
+
+    #[test]
+    fn the_queue_delays_instead_of_refusing_a_burst() {
+        let runs = run(Pattern::Burst);
+        let queue = lane(&runs, "leaky_queue");
+        let bucket = lane(&runs, "token_bucket");
+        assert!(queue.max_delay() > Duration::ZERO);
+        assert_eq!(bucket.max_delay(), Duration::ZERO);
+        // Released at 5 a minute, the queue's admissions never bunch beyond its queue size.
+        assert!(
+            queue.peak_within(MINUTE) <= 6,
+            "{}",
+            queue.peak_within(MINUTE)
+        );
+    }
+
+    #[test]
+    fn a_rule_set_gives_a_lane_per_limit() {
+        let rules = sluice_rules::RuleSet::parse(
+            "r.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_log}\n  - key: b\n    rate_limit: {name: bee, unit: second, requests_per_unit: 2}\n",
+        )
+        .unwrap();
+        let mut lanes = rule_lanes(&rules);
+        lanes.sort_by(|x, y| x.name.cmp(&y.name));
+        let names: Vec<&str> = lanes.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["d/a", "d/b (bee)"]);
+        assert_eq!(lanes[0].policy.limit(), 5);
+        assert_eq!(lanes[0].policy.algorithm().name(), "sliding_log");
+    }
+
+    #[test]
+    fn state_is_what_the_limit_has_in_use() {
+        let runs = run(Pattern::Steady);
+        let window = lane(&runs, "fixed_window");
+        // Steady at 7.5 a minute: the first window's count climbs 1, 2, ... to 5, then stays.
+        let used: Vec<u64> = window.outcomes.iter().take(7).map(Outcome::used).collect();
+        assert_eq!(used, [1, 2, 3, 4, 5, 5, 5]);
+        assert_eq!(window.admitted() + window.rejected(), window.outcomes.len());
+    }
+}
