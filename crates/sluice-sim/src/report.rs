@@ -7,6 +7,7 @@ use std::time::Duration;
 use plotters::prelude::*;
 
 use crate::run::{LaneRun, Outcome};
+
 use crate::trace::Trace;
 
 /// Points along the time axis of a plot.
@@ -24,7 +25,7 @@ pub struct About {
 /// The HTML report of `runs` over `trace`.
 pub fn html(trace: &Trace, runs: &[LaneRun], about: &About) -> Result<String, ReportError> {
     let span = trace.span().max(Duration::from_millis(1));
-    let busiest = busiest_key(trace);
+    let busiest = trace.busiest_key();
     let mut out = String::new();
     let title = format!("Sluice simulation: {}", escape(&about.traffic));
     let _ = write!(
@@ -113,17 +114,6 @@ pub struct ReportError {
     message: String,
 }
 
-/// The key with the most requests.
-fn busiest_key(trace: &Trace) -> u32 {
-    let mut counts = vec![0u64; trace.keys.len()];
-    for a in &trace.arrivals {
-        counts[a.key as usize] += 1;
-    }
-    (0..counts.len())
-        .max_by_key(|&k| (counts[k], std::cmp::Reverse(k)))
-        .unwrap_or(0) as u32
-}
-
 /// One lane's SVG: admitted and refused over time, then the busiest key's state, then (for a
 /// lane that queued) the queue wait.
 fn plot(run: &LaneRun, span: Duration, busiest: u32) -> Result<String, ReportError> {
@@ -144,6 +134,18 @@ fn plot(run: &LaneRun, span: Duration, busiest: u32) -> Result<String, ReportErr
         }
     }
     let key: Vec<&Outcome> = run.outcomes.iter().filter(|o| o.key == busiest).collect();
+    // The busiest key's state after each of its requests and at each sample between them, so
+    // that a bucket refilling or a window sliding shows while the key is quiet.
+    let mut state_points: Vec<(f64, f64)> = key
+        .iter()
+        .map(|o| (o.at.as_secs_f64(), o.used() as f64))
+        .chain(
+            run.samples
+                .iter()
+                .map(|(at, d)| (at.as_secs_f64(), d.limit.saturating_sub(d.remaining) as f64)),
+        )
+        .collect();
+    state_points.sort_by(|a, b| a.0.total_cmp(&b.0));
     let queued = run.max_delay() > Duration::ZERO;
     let panels = if queued { 3 } else { 2 };
     let mut svg = String::new();
@@ -194,10 +196,7 @@ fn plot(run: &LaneRun, span: Duration, busiest: u32) -> Result<String, ReportErr
 
         let limit = run.lane.policy.limit() as f64;
         let mut state = ChartBuilder::on(&areas[1])
-            .caption(
-                "busiest key: units of the limit in use after each request",
-                ("sans-serif", 15),
-            )
+            .caption("busiest key: units of the limit in use", ("sans-serif", 15))
             .margin(8)
             .x_label_area_size(30)
             .y_label_area_size(50)
@@ -210,17 +209,8 @@ fn plot(run: &LaneRun, span: Duration, busiest: u32) -> Result<String, ReportErr
             .draw()
             .map_err(|e| fail(&e))?;
         let blue = RGBColor(0x2c, 0x6f, 0xbb);
-        // A step line: the state holds from one request to the next.
-        let mut steps: Vec<(f64, f64)> = Vec::with_capacity(key.len() * 2);
-        for o in &key {
-            let x = o.at.as_secs_f64();
-            if let Some(&(_, y)) = steps.last() {
-                steps.push((x, y));
-            }
-            steps.push((x, o.used() as f64));
-        }
         state
-            .draw_series(LineSeries::new(steps, blue.stroke_width(1)))
+            .draw_series(LineSeries::new(state_points, blue.stroke_width(1)))
             .map_err(|e| fail(&e))?;
         state
             .draw_series(LineSeries::new(

@@ -60,6 +60,9 @@ pub fn rule_lanes(rules: &sluice_rules::RuleSet) -> Vec<Lane> {
         .collect()
 }
 
+/// How many times a run samples the busiest key's state.
+pub const SAMPLES: usize = 400;
+
 /// What one request got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
@@ -88,6 +91,9 @@ pub struct LaneRun {
     pub lane: Lane,
     /// One outcome per request, in trace order.
     pub outcomes: Vec<Outcome>,
+    /// The busiest key's state sampled at [`SAMPLES`] even steps over the trace, each a peek
+    /// (a cost-0 decision that changes nothing), so plots show it between requests too.
+    pub samples: Vec<(Duration, Decision)>,
 }
 
 impl LaneRun {
@@ -145,6 +151,8 @@ impl LaneRun {
 /// Runs `trace` through each lane: a fresh memory store per lane, its clock set to each
 /// request's arrival before the store decides it.
 pub fn simulate(trace: &Trace, lanes: &[Lane]) -> Vec<LaneRun> {
+    let busiest = trace.busiest_key();
+    let step = trace.span() / SAMPLES as u32;
     lanes
         .iter()
         .map(|lane| {
@@ -156,26 +164,36 @@ pub fn simulate(trace: &Trace, lanes: &[Lane]) -> Vec<LaneRun> {
                 .shards(1)
                 .max_keys(trace.keys.len().max(1))
                 .build();
-            let outcomes = trace
-                .arrivals
-                .iter()
-                .map(|a| {
-                    clock.set(START.saturating_add(a.at));
-                    let key = &trace.keys[a.key as usize];
-                    let decision = store
-                        .check_one(Check::new(key, &lane.policy, a.cost))
-                        .unwrap_or_else(|e| panic!("the memory store refused a check: {e}"));
-                    Outcome {
-                        at: a.at,
-                        key: a.key,
-                        cost: a.cost,
-                        decision,
-                    }
-                })
-                .collect();
+            let busiest_name = trace.keys.get(busiest as usize).map_or("", String::as_str);
+            let mut samples = Vec::with_capacity(SAMPLES + 1);
+            let mut next_sample = Duration::ZERO;
+            let mut sample_until = |at: Duration, samples: &mut Vec<(Duration, Decision)>| {
+                while next_sample < at && !step.is_zero() {
+                    clock.set(START.saturating_add(next_sample));
+                    samples.push((next_sample, store.peek_one(busiest_name, &lane.policy)));
+                    next_sample += step;
+                }
+            };
+            let mut outcomes = Vec::with_capacity(trace.arrivals.len());
+            for a in &trace.arrivals {
+                sample_until(a.at, &mut samples);
+                clock.set(START.saturating_add(a.at));
+                let key = &trace.keys[a.key as usize];
+                let decision = store
+                    .check_one(Check::new(key, &lane.policy, a.cost))
+                    .unwrap_or_else(|e| panic!("the memory store refused a check: {e}"));
+                outcomes.push(Outcome {
+                    at: a.at,
+                    key: a.key,
+                    cost: a.cost,
+                    decision,
+                });
+            }
+            sample_until(trace.span() + step, &mut samples);
             LaneRun {
                 lane: lane.clone(),
                 outcomes,
+                samples,
             }
         })
         .collect()
@@ -246,6 +264,26 @@ mod tests {
         assert_eq!(names, ["d/a", "d/b (bee)"]);
         assert_eq!(lanes[0].policy.limit(), 5);
         assert_eq!(lanes[0].policy.algorithm().name(), "sliding_log");
+    }
+
+    #[test]
+    fn samples_show_a_bucket_refilling_between_requests() {
+        let runs = run(Pattern::Boundary);
+        let bucket = lane(&runs, "token_bucket");
+        assert!(bucket.samples.len() >= SAMPLES);
+        assert!(bucket.samples.windows(2).all(|w| w[0].0 < w[1].0));
+        // Emptied by the burst at 2 minutes, full again (nothing in use) a minute later, before
+        // the next burst at 4.
+        let used_at = |secs: u64| {
+            let (_, d) = bucket
+                .samples
+                .iter()
+                .find(|(at, _)| *at >= Duration::from_secs(secs))
+                .unwrap();
+            d.limit - d.remaining
+        };
+        assert!(used_at(122) >= 4, "{}", used_at(122));
+        assert_eq!(used_at(230), 0);
     }
 
     #[test]

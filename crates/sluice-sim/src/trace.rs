@@ -32,6 +32,17 @@ impl Trace {
         self.arrivals.last().map_or(Duration::ZERO, |a| a.at)
     }
 
+    /// The key with the most requests (the first such, on a tie).
+    pub fn busiest_key(&self) -> u32 {
+        let mut counts = vec![0u64; self.keys.len()];
+        for a in &self.arrivals {
+            counts[a.key as usize] += 1;
+        }
+        (0..counts.len())
+            .max_by_key(|&k| (counts[k], std::cmp::Reverse(k)))
+            .unwrap_or(0) as u32
+    }
+
     /// A trace of one key, `client`, at these times, each of cost 1.
     pub fn single_key(times: impl IntoIterator<Item = Duration>) -> Self {
         let mut arrivals: Vec<Arrival> = times

@@ -348,7 +348,9 @@ impl<C: Clock> MemoryStore<C> {
         u32::try_from(secs).unwrap_or(u32::MAX)
     }
 
-    fn peek_now(&self, key: &str, policy: &Policy) -> Decision {
+    /// The decision a cost-0 check of `key` would get now, creating and changing nothing: the
+    /// same as [`Store::peek`], without the future, for callers in the same process.
+    pub fn peek_one(&self, key: &str, policy: &Policy) -> Decision {
         let now = self.clock.now();
         let fp = self.fingerprints.of(key);
         let shard = lock(&self.shards[self.shard_of(fp)].0);
@@ -407,7 +409,7 @@ impl<C: Clock + 'static> Store for MemoryStore<C> {
     }
 
     async fn peek(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {
-        Ok(self.peek_now(key, policy))
+        Ok(self.peek_one(key, policy))
     }
 
     async fn reset(&self, key: &str) -> StoreResult<bool> {
