@@ -31,6 +31,8 @@
 mod breaker;
 mod connection;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod keys;
 mod options;
 mod scripts;

@@ -1,0 +1,4 @@
+
+example
+
+remote_address10.0.0.1

@@ -1,0 +1,252 @@
+//! The fuzz targets' bodies. Each takes arbitrary bytes, drives one parser of untrusted input
+//! through the real code path, and panics only when Sluice breaks a promise: a panic inside
+//! Sluice, a 5xx answer to a malformed request, or a request built from headers that the
+//! limiter then refuses as out of bounds.
+//!
+//! `fuzz/` wraps each in a libFuzzer target (`scripts/fuzz` builds and runs them);
+//! `tests/corpus.rs` runs every seed and every saved crash through them in the test suite, so a
+//! crash once found stays fixed.
+//!
+//! ```
+//! sluice_fuzz::rules_yaml(b"domain: x\ndescriptors: [");
+//! sluice_fuzz::envoy_proto(&[0x0a, 0x01, b'x']);
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use prost::Message as _;
+use sluice_core::MemoryStore;
+use sluice_limiter::{HeaderStyle, Limiter, Metrics};
+use sluice_rules::{Cidr, Reloader, RuleSet};
+use sluice_server::api::{ApiState, router};
+use sluice_server::envoy::{RateLimitRequest, to_limit_request, to_response};
+use tower::ServiceExt as _;
+
+/// The service's example rules, which the request targets are decided against.
+const RULES: &str = include_str!("../../../examples/rules.yaml");
+/// Routes that read every kind of value a gateway extracts, for the header target.
+const GATEWAY: &str = r#"
+domain: fuzz
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: client_ip
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: key
+    rate_limit: {unit: minute, requests_per_unit: 5}
+trusted_proxies: [127.0.0.0/8, "::1"]
+routes:
+  - path: /users/{id}/{*rest}
+    host: "*.example.com"
+    descriptors:
+      - [{key: user, from: "param:id"}]
+      - [{key: client_ip, from: client_ip}, {key: method, from: method}]
+  - path: /api/*
+    descriptors:
+      - [{key: key, from: api_key}]
+      - [{key: key, from: bearer}]
+      - [{key: key, from: "cookie:session"}]
+      - [{key: key, from: "query:token"}]
+      - [{key: key, from: "header:X-Tenant"}, {key: user, from: host}]
+      - [{key: client_ip, from: client_ip}, {key: user, from: path, default: none}]
+"#;
+
+/// The names of the targets, as `fuzz/` and `tests/corpus.rs` know them.
+pub const TARGETS: [&str; 5] = [
+    "rules_yaml",
+    "http_api",
+    "envoy_proto",
+    "gateway_keys",
+    "redis_reply",
+];
+
+/// Runs target `name` on `data`. Panics on an unknown name.
+pub fn run(name: &str, data: &[u8]) {
+    match name {
+        "rules_yaml" => rules_yaml(data),
+        "http_api" => http_api(data),
+        "envoy_proto" => envoy_proto(data),
+        "gateway_keys" => gateway_keys(data),
+        "redis_reply" => redis_reply(data),
+        other => panic!("no fuzz target named {other}"),
+    }
+}
+
+struct Shared {
+    runtime: tokio::runtime::Runtime,
+    limiter: Arc<Limiter>,
+    gateway_rules: RuleSet,
+}
+
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let rules = RuleSet::parse("examples/rules.yaml", RULES).expect("the example rules load");
+        Shared {
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a runtime"),
+            limiter: Arc::new(Limiter::new(
+                Reloader::fixed(rules),
+                Arc::new(MemoryStore::new()),
+                Arc::new(Metrics::new()),
+            )),
+            gateway_rules: RuleSet::parse("gateway.yaml", GATEWAY).expect("the gateway rules load"),
+        }
+    })
+}
+
+/// Rule files: any text loads or is refused with a location inside the file.
+pub fn rules_yaml(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    match RuleSet::parse("fuzz.yaml", &text) {
+        Ok(rules) => {
+            // What loads can be listed and fingerprinted like any rule set.
+            let _ = rules.rules().count();
+            let _ = rules.fingerprint();
+        }
+        Err(e) => {
+            // YAML breaks lines at CR LF, LF and a lone CR alike (an error may point just past
+            // the last line, at the end of the input).
+            let breaks = text.matches('\n').count() + text.matches('\r').count()
+                - text.matches("\r\n").count();
+            let lines = breaks + 2;
+            for error in e.errors() {
+                assert!(
+                    error.location.line >= 1 && error.location.line <= lines,
+                    "an error located outside the file: {error}"
+                );
+            }
+        }
+    }
+}
+
+/// The HTTP API: the first byte picks `/json` or `/v1/check`, the rest is the body. Any body
+/// gets a 2xx, 400, 413 or 429, never a 5xx.
+pub fn http_api(data: &[u8]) {
+    let Some((&pick, body)) = data.split_first() else {
+        return;
+    };
+    let path = if pick % 2 == 0 { "/json" } else { "/v1/check" };
+    let s = shared();
+    let app = router(ApiState {
+        limiter: s.limiter.clone(),
+        admin_token: None,
+        headers: HeaderStyle::Ietf,
+    });
+    let request = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_vec()))
+        .expect("a valid request");
+    let response = s
+        .runtime
+        .block_on(app.oneshot(request))
+        .expect("the router is infallible");
+    let status = response.status();
+    assert!(
+        status.is_success()
+            || status == StatusCode::BAD_REQUEST
+            || status == StatusCode::PAYLOAD_TOO_LARGE
+            || status == StatusCode::TOO_MANY_REQUESTS,
+        "{path} answered {status} to {:?}",
+        String::from_utf8_lossy(body)
+    );
+}
+
+/// Envoy's `RateLimitRequest` as protobuf: decoded, converted, decided and answered, or refused
+/// as invalid.
+pub fn envoy_proto(data: &[u8]) {
+    let Ok(message) = RateLimitRequest::decode(data) else {
+        return;
+    };
+    let descriptors = message.descriptors.len();
+    let Ok(request) = to_limit_request(message) else {
+        return;
+    };
+    let s = shared();
+    if let Ok(verdict) = s.runtime.block_on(s.limiter.decide(&request)) {
+        let response = to_response(&verdict, descriptors);
+        assert_eq!(response.statuses.len(), descriptors);
+    }
+}
+
+/// The gateway's key extraction from a request's headers. The input is text: a first line
+/// `METHOD PATH`, then `name: value` lines. The client IP comes from the headers as the proxy
+/// would read them behind a trusted loopback hop, and whatever descriptors extraction builds
+/// are within the limiter's bounds.
+pub fn gateway_keys(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let mut lines = text.split('\n');
+    let first = lines.next().unwrap_or_default();
+    let (method, path) = first.split_once(' ').unwrap_or(("GET", first));
+    let mut builder = Request::builder().method(method.trim()).uri(path.trim());
+    for line in lines {
+        if let Some((name, value)) = line.split_once(':') {
+            builder = builder.header(name.trim(), value.trim());
+        }
+    }
+    // Headers and targets that HTTP itself refuses never reach Sluice.
+    let Ok(request) = builder.body(()) else {
+        return;
+    };
+    let (parts, ()) = request.into_parts();
+    let s = shared();
+    let Some(gateway) = s.gateway_rules.gateway() else {
+        return;
+    };
+    let peer = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let trusted: Vec<Cidr> = vec!["127.0.0.0/8".parse().expect("a CIDR")];
+    let client = sluice_http::client_ip::client_ip(peer, &parts.headers, &trusted);
+    if let Some(extracted) = sluice_http::extract::extract(gateway, &parts, client) {
+        if let Err(e) = extracted.request.validate() {
+            panic!("extraction built a request the limiter refuses: {e}");
+        }
+    }
+}
+
+/// The check script's reply as Redis would send it (RESP), for one to four checks: decoded to
+/// that many decisions, or refused.
+pub fn redis_reply(data: &[u8]) {
+    let Some((&n, resp)) = data.split_first() else {
+        return;
+    };
+    let limits: Vec<u64> = (0..u64::from(n % 4) + 1).map(|i| 10 * (i + 1)).collect();
+    if let Some(decoded) = sluice_redis::fuzzing::check_reply(resp, &limits) {
+        assert_eq!(decoded, limits.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fuzz_gateway_rules_load_with_routes() {
+        let gateway = shared().gateway_rules.gateway().expect("routes");
+        assert_eq!(gateway.routes.len(), 2);
+    }
+
+    #[test]
+    fn a_valid_json_request_is_decided() {
+        // `/json` (first byte even) with a request the example rules limit: it is counted.
+        let before = shared().limiter.render_metrics();
+        http_api(
+            b"\x00{\"domain\":\"example\",\"descriptors\":[{\"entries\":\
+              [{\"key\":\"remote_address\",\"value\":\"10.0.0.1\"}]}]}",
+        );
+        assert_ne!(shared().limiter.render_metrics(), before);
+    }
+
+    #[test]
+    #[should_panic(expected = "no fuzz target named")]
+    fn an_unknown_target_is_refused() {
+        run("nope", b"");
+    }
+}
