@@ -387,8 +387,9 @@ fn algorithms_alone(c: &mut Criterion) {
                 let state = SlidingCounterState::default();
                 decide_only(c, &id, state, |s, now| p.decide(s, now, 1));
             }
-            // Its cost grows with the log: see `sliding_log_length`.
-            Policy::SlidingLog(_) => {}
+            // Their state is on the heap and recorded in place: the log's cost grows with its
+            // length (see `sliding_log_length`), the buckets' with their number.
+            Policy::SlidingLog(_) | Policy::BucketedWindow(_) => {}
         }
     }
 }

@@ -54,8 +54,9 @@ mod store;
 pub mod testing;
 
 pub use algorithm::{
-    Alignment, FixedWindow, FixedWindowState, Gcra, LeakyQueue, SlidingCounter,
-    SlidingCounterState, SlidingLog, SlidingLogState, TokenBucket, TokenBucketState,
+    Alignment, BucketedWindow, BucketedWindowState, FixedWindow, FixedWindowState, Gcra,
+    LeakyQueue, SlidingCounter, SlidingCounterState, SlidingLog, SlidingLogState, TokenBucket,
+    TokenBucketState,
 };
 pub use clock::{Clock, FakeClock, SystemClock, Timestamp};
 pub use decision::Decision;

@@ -8,7 +8,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::algorithm::{FixedWindow, Gcra, LeakyQueue, SlidingCounter, SlidingLog, TokenBucket};
+use crate::algorithm::{
+    BucketedWindow, FixedWindow, Gcra, LeakyQueue, SlidingCounter, SlidingLog, TokenBucket,
+};
 use crate::clock::duration_nanos;
 
 /// Why a policy could not be built. Each message says what was wrong and what to do instead.
@@ -40,6 +42,28 @@ pub enum PolicyError {
         max: u64,
         /// What to do instead.
         hint: &'static str,
+    },
+    /// A bucketed window split into no buckets, or into more than it can hold.
+    #[error(
+        "sub_windows is {sub_windows}; split the window into 1 to {max} buckets, such as 60 \
+         one-minute buckets for an hour"
+    )]
+    SubWindows {
+        /// The count asked for.
+        sub_windows: u32,
+        /// The largest count.
+        max: u32,
+    },
+    /// A bucketed window whose length is not a whole number of nanoseconds per bucket.
+    #[error(
+        "{sub_windows} sub-windows do not divide a window of {window:?} evenly; pick a count \
+         that divides it, such as 60 for an hour"
+    )]
+    UnevenSubWindows {
+        /// The window.
+        window: Duration,
+        /// The count asked for.
+        sub_windows: u32,
     },
 }
 
@@ -98,7 +122,7 @@ impl Rate {
     }
 }
 
-/// The six algorithms, by the names the configuration uses.
+/// The seven algorithms, by the names the configuration uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// A bucket of `capacity` tokens refilled continuously at a rate.
@@ -113,17 +137,20 @@ pub enum Algorithm {
     SlidingLog,
     /// Two fixed-window counters blended into a sliding estimate.
     SlidingCounter,
+    /// The window split into sub-windows, one counter each, summed over the sliding window.
+    BucketedWindow,
 }
 
 impl Algorithm {
     /// Every algorithm, in documentation order.
-    pub const ALL: [Algorithm; 6] = [
+    pub const ALL: [Algorithm; 7] = [
         Algorithm::TokenBucket,
         Algorithm::Gcra,
         Algorithm::LeakyQueue,
         Algorithm::FixedWindow,
         Algorithm::SlidingLog,
         Algorithm::SlidingCounter,
+        Algorithm::BucketedWindow,
     ];
 
     /// The configuration name, such as `token_bucket`.
@@ -135,6 +162,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::SlidingCounter => "sliding_counter",
+            Algorithm::BucketedWindow => "bucketed_window",
         }
     }
 }
@@ -145,11 +173,11 @@ impl fmt::Display for Algorithm {
     }
 }
 
-/// The name given is not one of the six algorithms.
+/// The name given is not one of the seven algorithms.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown algorithm `{0}`; expected one of token_bucket, gcra, leaky_queue, fixed_window, \
-         sliding_log, sliding_counter"
+         sliding_log, sliding_counter, bucketed_window"
 )]
 pub struct UnknownAlgorithm(pub String);
 
@@ -179,6 +207,8 @@ pub enum Policy {
     SlidingLog(SlidingLog),
     /// See [`SlidingCounter`].
     SlidingCounter(SlidingCounter),
+    /// See [`BucketedWindow`].
+    BucketedWindow(BucketedWindow),
 }
 
 impl Policy {
@@ -191,6 +221,7 @@ impl Policy {
             Policy::FixedWindow(_) => Algorithm::FixedWindow,
             Policy::SlidingLog(_) => Algorithm::SlidingLog,
             Policy::SlidingCounter(_) => Algorithm::SlidingCounter,
+            Policy::BucketedWindow(_) => Algorithm::BucketedWindow,
         }
     }
 
@@ -203,6 +234,7 @@ impl Policy {
             Policy::FixedWindow(p) => p.limit(),
             Policy::SlidingLog(p) => p.limit(),
             Policy::SlidingCounter(p) => p.limit(),
+            Policy::BucketedWindow(p) => p.limit(),
         }
     }
 
@@ -216,6 +248,7 @@ impl Policy {
             Policy::FixedWindow(p) => p.window(),
             Policy::SlidingLog(p) => p.window(),
             Policy::SlidingCounter(p) => p.window(),
+            Policy::BucketedWindow(p) => p.window(),
         }
     }
 }
@@ -235,7 +268,8 @@ policy_from!(
     LeakyQueue,
     FixedWindow,
     SlidingLog,
-    SlidingCounter
+    SlidingCounter,
+    BucketedWindow
 );
 
 /// `limit` against the largest an algorithm takes, with a hint at what to use instead.

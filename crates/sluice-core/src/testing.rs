@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{
-    Alignment, Check, Decision, FixedWindow, Gcra, LeakyQueue, Policy, Rate, SlidingCounter,
-    SlidingLog, Store, TokenBucket,
+    Alignment, BucketedWindow, Check, Decision, FixedWindow, Gcra, LeakyQueue, Policy, Rate,
+    SlidingCounter, SlidingLog, Store, TokenBucket,
 };
 
 /// A store under test, with control over the time it decides on.
@@ -40,10 +40,20 @@ pub fn five_per_second() -> Vec<Policy> {
         FixedWindow::new(5, second, Alignment::FirstRequest).map(Policy::from),
         SlidingLog::new(5, second).map(Policy::from),
         SlidingCounter::new(5, second).map(Policy::from),
+        BucketedWindow::new(5, second, 5).map(Policy::from),
     ]
     .into_iter()
     .map(|p| p.expect("valid policy"))
     .collect()
+}
+
+/// [`five_per_second`], less the policies the backend's store says it cannot hold: each store is
+/// held to the suite for every algorithm it accepts, and refuses the rest when rules load.
+fn supported<B: Backend>(b: &B) -> Vec<Policy> {
+    five_per_second()
+        .into_iter()
+        .filter(|p| b.store().supports(p).is_ok())
+        .collect()
 }
 
 /// A key unique to one test and policy, so tests sharing a backend do not interfere.
@@ -63,7 +73,7 @@ async fn one<B: Backend>(b: &B, key: &str, policy: &Policy, cost: u64) -> Decisi
 
 /// A burst gets exactly the limit through, then is refused with a retry time that works.
 pub async fn burst_admits_exactly_the_limit<B: Backend>(b: &B) {
-    for p in five_per_second() {
+    for p in supported(b) {
         let k = key("burst", &p);
         let mut admitted = 0;
         let mut refusal = None;
@@ -97,7 +107,7 @@ pub async fn burst_admits_exactly_the_limit<B: Backend>(b: &B) {
 
 /// After long enough idle, a counter is full again.
 pub async fn idle_counters_refill<B: Backend>(b: &B) {
-    for p in five_per_second() {
+    for p in supported(b) {
         let k = key("refill", &p);
         for _ in 0..5 {
             assert!(one(b, &k, &p, 1).await.allowed, "{}", p.algorithm());
@@ -112,7 +122,7 @@ pub async fn idle_counters_refill<B: Backend>(b: &B) {
 /// Costs above 1 take that many units; a cost of 0 takes none; a cost above the capacity can
 /// never pass and takes nothing.
 pub async fn costs_are_counted<B: Backend>(b: &B) {
-    for p in five_per_second() {
+    for p in supported(b) {
         let k = key("cost", &p);
         let d = one(b, &k, &p, 3).await;
         assert!(d.allowed, "{}", p.algorithm());
@@ -195,7 +205,7 @@ pub async fn repeated_keys_in_one_request<B: Backend>(b: &B) {
 
 /// Peeking creates and consumes nothing; resetting a counter makes it full again.
 pub async fn peek_and_reset<B: Backend>(b: &B) {
-    for p in five_per_second() {
+    for p in supported(b) {
         let k = key("peek", &p);
         let d = b.store().peek(&k, &p).await.unwrap();
         assert!(d.allowed);
@@ -224,7 +234,7 @@ pub async fn keys_are_independent<B: Backend>(b: &B) {
 /// Many concurrent requests on one key get exactly the limit through, alone and as part of
 /// multi-key requests.
 pub async fn concurrent_requests_are_exact<B: Backend>(b: Arc<B>) {
-    for p in five_per_second() {
+    for p in supported(&*b) {
         let p = match p {
             // Give each algorithm a limit of 50 for 200 concurrent requests.
             Policy::LeakyQueue(_) => {
@@ -241,6 +251,9 @@ pub async fn concurrent_requests_are_exact<B: Backend>(b: Arc<B>) {
             }
             Policy::SlidingLog(_) => SlidingLog::new(50, Duration::from_secs(60)).unwrap().into(),
             Policy::SlidingCounter(_) => SlidingCounter::new(50, Duration::from_secs(60))
+                .unwrap()
+                .into(),
+            Policy::BucketedWindow(_) => BucketedWindow::new(50, Duration::from_secs(60), 6)
                 .unwrap()
                 .into(),
         };

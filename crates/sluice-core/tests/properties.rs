@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sluice_core::{
-    Alignment, FixedWindow, Gcra, LeakyQueue, Rate, SlidingCounter, SlidingCounterState,
-    SlidingLog, SlidingLogState, Timestamp, TokenBucket,
+    Alignment, BucketedWindow, BucketedWindowState, FixedWindow, Gcra, LeakyQueue, Rate,
+    SlidingCounter, SlidingCounterState, SlidingLog, SlidingLogState, Timestamp, TokenBucket,
 };
 
 /// A request: how long after the previous one it arrives (ns), and its cost.
@@ -56,6 +56,51 @@ proptest! {
         for &(end, _) in &admitted {
             let sum: u64 = admitted.iter().filter(|(a, _)| *a <= end && a + window > end).map(|(_, c)| c).sum();
             prop_assert!(sum <= limit);
+        }
+    }
+
+    /// The bucketed window is exact over its buckets: it admits a request if and only if the
+    /// buckets in the window hold room for it, so no run of `sub_windows` consecutive buckets
+    /// (any window starting on a bucket boundary) ever holds more than `limit`; and its memory is
+    /// the buckets, never more.
+    #[test]
+    fn bucketed_window_never_exceeds_the_limit_in_any_aligned_window(
+        limit in 0u64..12,
+        bucket_ms in 1u64..1_000,
+        sub_windows in 1u32..12,
+        steps in requests(),
+    ) {
+        let bucket = bucket_ms * 1_000_000;
+        let n = u64::from(sub_windows);
+        let window = Duration::from_nanos(bucket * n);
+        let p = BucketedWindow::new(limit, window, sub_windows).unwrap();
+        let mut state = BucketedWindowState::default();
+        // Admitted units by bucket index.
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        let mut newest = 0;
+        for (t, cost) in arrivals(&steps) {
+            let now = Timestamp::from_nanos(t);
+            let current = (t / bucket).max(newest);
+            let live: u64 = admitted.iter().filter(|(i, _)| i + n > current).map(|(_, c)| c).sum();
+            let d = p.decide(&state, now, cost);
+            prop_assert_eq!(d.allowed, live + cost.max(1) <= limit, "exact at t={}", t);
+            prop_assert_eq!(d.remaining, limit.saturating_sub(live) - if d.allowed { cost } else { 0 });
+            if !d.allowed && d.retry_after != sluice_core::Decision::NEVER {
+                // Retrying when it says admits the same request.
+                let later = now.saturating_add(d.retry_after);
+                prop_assert!(p.decide(&state, later, cost).allowed, "retry_after at t={}", t);
+            }
+            if d.allowed {
+                p.record(&mut state, now, cost);
+                newest = current;
+                admitted.push((current, cost));
+            }
+            prop_assert!(state.buckets().1.len() as u64 <= n);
+        }
+        // The fullest run of buckets starts at a bucket that admitted something.
+        for &(start, _) in &admitted {
+            let sum: u64 = admitted.iter().filter(|(i, _)| *i >= start && *i < start + n).map(|(_, c)| c).sum();
+            prop_assert!(sum <= limit, "{} units in the buckets from {}", sum, start);
         }
     }
 

@@ -88,6 +88,9 @@ fn fresh(policy: &Policy, now: Timestamp) -> State {
         Policy::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
         Policy::SlidingLog(_) => State::SlidingLog(SlidingLogState::default(), Vec::new()),
         Policy::SlidingCounter(_) => State::SlidingCounter(SlidingCounterState::default()),
+        Policy::BucketedWindow(_) => {
+            panic!("the redis store refuses bucketed_window when rules load")
+        }
     }
 }
 

@@ -129,6 +129,12 @@ fn canonical(policy: &Policy) -> String {
             p.limit(),
             nanos(p.window())
         ),
+        Policy::BucketedWindow(p) => format!(
+            "bucketed_window;limit={};window={};sub_windows={}",
+            p.limit(),
+            nanos(p.window()),
+            p.sub_windows()
+        ),
     }
 }
 

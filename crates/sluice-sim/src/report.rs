@@ -291,8 +291,8 @@ mod tests {
         .unwrap();
         assert!(page.starts_with("<!DOCTYPE html>"));
         assert!(page.trim_end().ends_with("</html>"));
-        assert_eq!(page.matches("<svg").count(), 6);
-        assert_eq!(page.matches("</svg>").count(), 6);
+        assert_eq!(page.matches("<svg").count(), 7);
+        assert_eq!(page.matches("</svg>").count(), 7);
         assert!(page.contains("boundary &lt;test&gt;"));
         assert!(!page.contains("<script"), "the report runs no script");
         let fixed_row = page

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use sluice_core::{
-    Alignment, Check, Decision, FakeClock, FixedWindow, Gcra, LeakyQueue, MemoryStore, Policy,
-    PolicyError, Rate, SlidingCounter, SlidingLog, Timestamp, TokenBucket,
+    Alignment, BucketedWindow, Check, Decision, FakeClock, FixedWindow, Gcra, LeakyQueue,
+    MemoryStore, Policy, PolicyError, Rate, SlidingCounter, SlidingLog, Timestamp, TokenBucket,
 };
 
 use crate::trace::Trace;
@@ -23,18 +23,23 @@ pub struct Lane {
     pub policy: Policy,
 }
 
+/// How many buckets the compared bucketed window splits its window into.
+pub const COMPARE_SUB_WINDOWS: u32 = 10;
+
 /// Every algorithm at the same nominal limit: `limit` requests per `window`. The token bucket
 /// and GCRA hold a burst of `limit` and refill at `limit` per window; the queue holds `limit`
-/// waiting requests and releases them at that rate.
+/// waiting requests and releases them at that rate; the bucketed window has
+/// [`COMPARE_SUB_WINDOWS`] buckets.
 pub fn compare_lanes(limit: u64, window: Duration) -> Result<Vec<Lane>, PolicyError> {
     let rate = Rate::new(limit, window)?;
-    let policies: [Policy; 6] = [
+    let policies: [Policy; 7] = [
         TokenBucket::new(limit, rate)?.into(),
         Gcra::new(rate, limit)?.into(),
         LeakyQueue::new(rate, limit, window)?.into(),
         FixedWindow::new(limit, window, Alignment::Clock { utc_offset_secs: 0 })?.into(),
         SlidingLog::new(limit, window)?.into(),
         SlidingCounter::new(limit, window)?.into(),
+        BucketedWindow::new(limit, window, COMPARE_SUB_WINDOWS)?.into(),
     ];
     Ok(policies
         .into_iter()
@@ -222,6 +227,8 @@ mod tests {
         // 10 within a minute.
         assert_eq!(lane(&runs, "fixed_window").peak_within(MINUTE), 10);
         assert_eq!(lane(&runs, "sliding_log").peak_within(MINUTE), 5);
+        // Buckets of 6 s: the burst before the boundary and the one after share a window.
+        assert_eq!(lane(&runs, "bucketed_window").peak_within(MINUTE), 5);
         // The counter weighs the previous window, so it stays at the limit here too.
         assert!(lane(&runs, "sliding_counter").peak_within(MINUTE) <= 6);
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use sluice_core::parse_duration_or_error;
 use sluice_rules::RuleSet;
-use sluice_sim::counter_error::{self, Setup};
+use sluice_sim::counter_error::{self, Estimator, Setup};
 use sluice_sim::report::{self, About};
 use sluice_sim::{Pattern, Shape, Trace, compare_lanes, generate, rule_lanes, simulate};
 
@@ -66,6 +66,10 @@ pub(crate) struct SimulateArgs {
     /// --counter-error: the largest burst, in requests within one second.
     #[arg(long, default_value_t = 50, requires = "counter_error")]
     burst_max: u64,
+    /// --counter-error: measure the bucketed window with this many sub-windows instead of the
+    /// sliding counter.
+    #[arg(long, requires = "counter_error")]
+    sub_windows: Option<u32>,
 }
 
 pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
@@ -145,6 +149,10 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
 fn measure_counter_error(args: &SimulateArgs) -> anyhow::Result<()> {
     let defaults = Setup::default();
     let setup = Setup {
+        estimator: match args.sub_windows {
+            Some(sub_windows) => Estimator::BucketedWindow { sub_windows },
+            None => Estimator::SlidingCounter,
+        },
         requests: args.requests,
         keys: args.keys.max(1),
         limit: args.limit.unwrap_or(defaults.limit),

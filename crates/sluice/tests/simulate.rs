@@ -44,9 +44,9 @@ fn the_boundary_burst_gets_ten_through_a_fixed_window_at_five_a_minute_and_the_l
 
     let page = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
     assert!(page.starts_with("<!DOCTYPE html>") && page.trim_end().ends_with("</html>"));
-    // One plot per algorithm, six in all, each a complete SVG.
-    assert_eq!(page.matches("<svg ").count(), 6);
-    assert_eq!(page.matches("</svg>").count(), 6);
+    // One plot per algorithm, seven in all, each a complete SVG.
+    assert_eq!(page.matches("<svg ").count(), 7);
+    assert_eq!(page.matches("</svg>").count(), 7);
     for algorithm in [
         "token_bucket",
         "gcra",
@@ -54,6 +54,7 @@ fn the_boundary_burst_gets_ten_through_a_fixed_window_at_five_a_minute_and_the_l
         "fixed_window",
         "sliding_log",
         "sliding_counter",
+        "bucketed_window",
     ] {
         assert!(
             page.contains(&format!("<strong>{algorithm}</strong>")),
@@ -61,8 +62,8 @@ fn the_boundary_burst_gets_ten_through_a_fixed_window_at_five_a_minute_and_the_l
         );
     }
     let csv = std::fs::read_to_string(out_dir.join("decisions.csv")).unwrap();
-    // A header, then 40 requests decided by each of six lanes.
-    assert_eq!(csv.lines().count(), 1 + 6 * 40);
+    // A header, then 40 requests decided by each of seven lanes.
+    assert_eq!(csv.lines().count(), 1 + 7 * 40);
 }
 
 #[test]

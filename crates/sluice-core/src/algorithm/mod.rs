@@ -1,8 +1,9 @@
-//! The six algorithms, each a pure function of `(state, now, policy, cost)`.
+//! The seven algorithms, each a pure function of `(state, now, policy, cost)`.
 //!
 //! None of them reads a clock, allocates on the common path, or panics on any input: a clock
 //! that steps backwards is treated as no time passing, and arithmetic saturates.
 
+mod bucketed_window;
 mod fixed_window;
 mod gcra;
 mod leaky_queue;
@@ -10,6 +11,7 @@ mod sliding_counter;
 mod sliding_log;
 mod token_bucket;
 
+pub use bucketed_window::{BucketedWindow, BucketedWindowState};
 pub use fixed_window::{Alignment, FixedWindow, FixedWindowState};
 pub use gcra::Gcra;
 pub use leaky_queue::LeakyQueue;

@@ -1,10 +1,12 @@
 //! One counter's state in the memory store, for whichever algorithm its policy uses.
 
-use crate::algorithm::{FixedWindowState, SlidingCounterState, SlidingLogState, TokenBucketState};
+use crate::algorithm::{
+    BucketedWindowState, FixedWindowState, SlidingCounterState, SlidingLogState, TokenBucketState,
+};
 use crate::{Decision, Policy, Timestamp};
 
-/// A counter's state. Every variant but the log fits in 16 bytes, so the enum is 24; the log is
-/// boxed because it grows with the limit.
+/// A counter's state. Every variant but the log and the buckets fits in 16 bytes, so the enum is
+/// 24; those two are boxed because they grow with the limit and with the number of buckets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
     TokenBucket(TokenBucketState),
@@ -13,13 +15,14 @@ pub(crate) enum State {
     FixedWindow(FixedWindowState),
     SlidingCounter(SlidingCounterState),
     SlidingLog(Box<SlidingLogState>),
+    BucketedWindow(Box<BucketedWindowState>),
 }
 
 /// What admitting a request does to its counter.
 pub(crate) enum Update {
     /// Replace the state with this one.
     Set(State),
-    /// Append `cost` units to the stored log (or a fresh one), so that a long log is never
+    /// Add `cost` units to the stored log or buckets (or fresh ones), so that they are never
     /// copied to decide.
     Record(u64),
 }
@@ -81,6 +84,13 @@ pub(crate) fn decide(
             Update::Record(cost),
             p.decide(&SlidingLogState::default(), now, cost),
         ),
+        (Policy::BucketedWindow(p), Some(State::BucketedWindow(b))) => {
+            (Update::Record(cost), p.decide(b, now, cost))
+        }
+        (Policy::BucketedWindow(p), _) => (
+            Update::Record(cost),
+            p.decide(&BucketedWindowState::default(), now, cost),
+        ),
     }
 }
 
@@ -102,6 +112,15 @@ pub(crate) fn apply(
             let mut log = Box::<SlidingLogState>::default();
             p.record(&mut log, now, cost);
             Some(State::SlidingLog(log))
+        }
+        (Update::Record(cost), Some(State::BucketedWindow(b)), Policy::BucketedWindow(p)) => {
+            p.record(b, now, cost);
+            None
+        }
+        (Update::Record(cost), _, Policy::BucketedWindow(p)) => {
+            let mut b = Box::<BucketedWindowState>::default();
+            p.record(&mut b, now, cost);
+            Some(State::BucketedWindow(b))
         }
         (Update::Record(_), _, _) => None,
     }

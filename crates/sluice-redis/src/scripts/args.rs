@@ -92,6 +92,10 @@ pub(crate) fn push_check(
                 (n - n % window).to_string(),
             ]
         }
+        // `check_exact` refused it above.
+        Policy::BucketedWindow(_) => {
+            return Err(StoreError::Rejected(super::exact::NO_BUCKETS.to_owned()));
+        }
     };
     args.push(code(policy.algorithm()).to_string());
     args.push(cost.to_string());

@@ -1,12 +1,12 @@
 //! A limit's algorithm and its optional parameters (`burst`, `queue_size`, `max_wait`,
-//! `alignment`, `utc_offset`), each refused where it is written when it belongs to another
+//! `alignment`, `utc_offset`, `sub_windows`), each refused where it is written when it belongs to another
 //! algorithm, and the core [`Policy`] they build.
 
 use std::time::Duration;
 
 use sluice_core::{
-    Algorithm, Alignment, FixedWindow, Gcra, LeakyQueue, Policy, PolicyError, Rate, SlidingCounter,
-    SlidingLog, TokenBucket,
+    Algorithm, Alignment, BucketedWindow, FixedWindow, Gcra, LeakyQueue, Policy, PolicyError, Rate,
+    SlidingCounter, SlidingLog, TokenBucket,
 };
 
 use super::Decoder;
@@ -24,7 +24,12 @@ const ALGORITHM_NAMES: &[&str] = &[
     "fixed_window",
     "sliding_log",
     "sliding_counter",
+    "bucketed_window",
 ];
+
+/// How many buckets a `bucketed_window` has when the rule does not say: an hour in minutes, a
+/// minute in seconds.
+pub(crate) const DEFAULT_SUB_WINDOWS: u32 = 60;
 
 /// The optional algorithm parameters of one limit.
 #[derive(Default)]
@@ -34,6 +39,7 @@ pub(super) struct Params<'n> {
     max_wait: Option<Duration>,
     first_request: Option<bool>,
     utc_offset: Option<(i32, &'n Node)>,
+    sub_windows: Option<u32>,
 }
 
 impl Decoder {
@@ -60,7 +66,14 @@ impl Decoder {
         algorithm: Option<Algorithm>,
     ) -> Params<'n> {
         let mut params = Params::default();
-        for param in ["burst", "queue_size", "max_wait", "alignment", "utc_offset"] {
+        for param in [
+            "burst",
+            "queue_size",
+            "max_wait",
+            "alignment",
+            "utc_offset",
+            "sub_windows",
+        ] {
             let Some(n) = fields.get(param) else { continue };
             if let Some(algorithm) = algorithm.filter(|a| !param_applies(param, *a)) {
                 let kind = ErrorKind::ParamNotForAlgorithm {
@@ -76,6 +89,12 @@ impl Decoder {
                 "queue_size" => params.queue_size = self.uint("queue_size", n),
                 "max_wait" => params.max_wait = self.duration("max_wait", n),
                 "alignment" => params.first_request = self.alignment(n),
+                // Past u32 it is refused by the policy with the largest count it takes.
+                "sub_windows" => {
+                    params.sub_windows = self
+                        .uint("sub_windows", n)
+                        .map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+                }
                 _ => params.utc_offset = self.utc_offset(n).map(|o| (o, n)),
             }
         }
@@ -101,6 +120,7 @@ fn param_applies(param: &str, algorithm: Algorithm) -> bool {
     match param {
         "burst" => matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra),
         "queue_size" | "max_wait" => algorithm == Algorithm::LeakyQueue,
+        "sub_windows" => algorithm == Algorithm::BucketedWindow,
         _ => algorithm == Algorithm::FixedWindow,
     }
 }
@@ -109,6 +129,7 @@ fn applies_to(param: &str) -> &'static str {
     match param {
         "burst" => "token_bucket and gcra",
         "queue_size" | "max_wait" => "leaky_queue",
+        "sub_windows" => "bucketed_window",
         _ => "fixed_window",
     }
 }
@@ -156,5 +177,10 @@ pub(super) fn build_policy(
         }
         Algorithm::SlidingLog => Policy::from(SlidingLog::new(requests, window)?),
         Algorithm::SlidingCounter => Policy::from(SlidingCounter::new(requests, window)?),
+        Algorithm::BucketedWindow => Policy::from(BucketedWindow::new(
+            requests,
+            window,
+            params.sub_windows.unwrap_or(DEFAULT_SUB_WINDOWS),
+        )?),
     })
 }

@@ -27,6 +27,7 @@ const LIMIT_FIELDS: &[&str] = &[
     "max_wait",
     "alignment",
     "utc_offset",
+    "sub_windows",
     "action",
     "on_store_error",
 ];
@@ -61,6 +62,7 @@ impl Decoder {
                 "burst",
                 "queue_size",
                 "max_wait",
+                "sub_windows",
             ] {
                 if let Some(n) = fields.get(param) {
                     let kind = ErrorKind::Conflict {
@@ -143,6 +145,10 @@ impl Decoder {
                     } => fields.get("max_wait").unwrap_or(window_node),
                     PolicyError::ZeroDuration { .. } => window_node,
                     PolicyError::ZeroRate { .. } | PolicyError::LimitTooLarge { .. } => rpu_node,
+                    // Where the count is written, or the window it does not divide.
+                    PolicyError::SubWindows { .. } | PolicyError::UnevenSubWindows { .. } => {
+                        fields.get("sub_windows").unwrap_or(window_node)
+                    }
                 };
                 self.error(at, ErrorKind::Policy(e));
                 return None;
