@@ -178,6 +178,12 @@ impl Gateway {
             service,
             stopped.clone(),
         ))];
+        // The dashboard's history, served on the admin listener.
+        tasks.push(sluice_limiter::activity::sample_every(
+            &limiter,
+            std::time::Duration::from_secs(1),
+            stopped.clone(),
+        ));
         let mut admin_addr = None;
         if let Some(at) = options.admin_addr {
             let listener = bind(at).await?;

@@ -1,7 +1,7 @@
 //! The admin and operations endpoints every Sluice listener serves: `/metrics`, `/healthz`,
-//! `/readyz`, and the admin endpoints `GET /v1/rules`, `POST /v1/reload` and
-//! `GET`/`DELETE /v1/keys/{counter}`, which answer loopback peers, or others with the admin
-//! token. `sluice serve` merges them into its HTTP API; `sluice proxy` serves them on its admin
+//! `/readyz`, the dashboard page `/dashboard`, and the admin endpoints `GET /v1/rules`,
+//! `POST /v1/reload`, `GET`/`DELETE /v1/keys/{counter}` and `GET /v1/dashboard`, which answer
+//! loopback peers, or others with the admin token. `sluice serve` merges them into its HTTP API; `sluice proxy` serves them on its admin
 //! listener; an application can mount them too.
 
 use std::net::SocketAddr;
@@ -39,6 +39,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/rules", get(rules))
         .route("/v1/reload", post(reload))
         .route("/v1/keys/{counter}", get(inspect_key).delete(reset_key))
+        .route("/v1/dashboard", get(crate::dashboard::data))
+        .route("/dashboard", get(crate::dashboard::page))
         .with_state(state)
 }
 
@@ -95,7 +97,11 @@ async fn metrics(State(state): State<AdminState>) -> Response {
 }
 
 /// Admin endpoints answer loopback peers, and others only with the admin token.
-fn authorize(state: &AdminState, peer: SocketAddr, headers: &HeaderMap) -> Result<(), Problem> {
+pub(crate) fn authorize(
+    state: &AdminState,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+) -> Result<(), Problem> {
     admit_admin(state.admin_token.as_deref(), peer, headers)
 }
 
@@ -157,17 +163,19 @@ async fn rules(
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     authorize(&state, peer, &headers)?;
-    let rules = state.limiter.reloader().rules();
+    Ok(axum::Json(rules_json(&state.limiter)).into_response())
+}
+
+/// The rules in force, as `GET /v1/rules` shows them.
+pub(crate) fn rules_json(limiter: &Limiter) -> Value {
+    let rules = limiter.reloader().rules();
     let domains: Vec<Value> = rules
         .domain_names()
         .into_iter()
         .filter_map(|name| rules.domain(name))
         .map(|d| json!({ "domain": d.name, "descriptors": d.descriptors.iter().map(describe_descriptor).collect::<Vec<_>>() }))
         .collect();
-    Ok(axum::Json(
-        json!({ "fingerprint": format!("{:016x}", rules.fingerprint()), "domains": domains }),
-    )
-    .into_response())
+    json!({ "fingerprint": format!("{:016x}", rules.fingerprint()), "domains": domains })
 }
 
 async fn reload(

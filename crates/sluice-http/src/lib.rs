@@ -27,6 +27,7 @@
 #[cfg(feature = "axum")]
 pub mod admin;
 pub mod client_ip;
+mod dashboard;
 mod enforce;
 pub mod extract;
 pub mod middleware;

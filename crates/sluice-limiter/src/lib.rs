@@ -48,6 +48,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod activity;
 mod headers;
 mod limiter;
 pub mod limits;

@@ -16,6 +16,7 @@ use sluice_rules::{Mode, Reloader, Rule, RuleSet};
 
 use sluice_redis::{BreakerState, RedisStore};
 
+use crate::activity::{DecisionHistory, ReloadLog};
 use crate::metrics::{Metrics, Outcome, Snapshot};
 use crate::request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};
 use crate::store_url::OpenStore;
@@ -34,6 +35,10 @@ pub struct Limiter {
     counters: RwLock<Option<RuleCounters>>,
     /// The `Retry-After` given by `on_store_error: deny`.
     deny_retry: Duration,
+    /// Decision totals over the last minutes, for the dashboard.
+    history: DecisionHistory,
+    /// The last rule reloads, for the dashboard.
+    reloads: Arc<ReloadLog>,
 }
 
 /// The decision counters of the rules of one rule set, by the rule's address and the outcome.
@@ -95,6 +100,7 @@ impl Limiter {
         if opened.redis.is_some() {
             metrics.register_redis();
         }
+        let reloads = ReloadLog::follow(&rules);
         Limiter {
             rules,
             store: opened.store,
@@ -103,7 +109,19 @@ impl Limiter {
             metrics,
             counters: RwLock::new(None),
             deny_retry: Duration::from_secs(1),
+            history: DecisionHistory::default(),
+            reloads,
         }
+    }
+
+    /// Decision totals over the last minutes, as [`crate::activity::sample_every`] samples them.
+    pub fn history(&self) -> &DecisionHistory {
+        &self.history
+    }
+
+    /// The last rule reloads, with their errors.
+    pub fn reload_log(&self) -> &ReloadLog {
+        &self.reloads
     }
 
     /// The Redis store's circuit breaker, when the store is Redis.

@@ -110,6 +110,16 @@ pub struct Metrics {
     top_limited: Family<KeyLabels, Gauge>,
     limited_counts: Mutex<HashMap<String, u64>>,
     redis: std::sync::OnceLock<RedisSeries>,
+    /// Every decision counter created, in creation order, for the dashboard's history.
+    series: Mutex<Series>,
+}
+
+/// The decision counters in the order they were created, so that a history sample can be a list
+/// of totals aligned with them.
+#[derive(Default)]
+struct Series {
+    index: HashMap<DecisionLabels, usize>,
+    counters: Vec<(DecisionLabels, Counter)>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -195,6 +205,7 @@ impl Metrics {
             top_limited,
             limited_counts: Mutex::new(HashMap::new()),
             redis: std::sync::OnceLock::new(),
+            series: Mutex::new(Series::default()),
         }
     }
 
@@ -209,13 +220,47 @@ impl Metrics {
     /// The counter of one limit's decisions with this outcome, to keep and increment: it stays
     /// the one [`Metrics::render`] reports.
     pub fn decision_counter(&self, domain: &str, rule: &str, outcome: Outcome) -> Counter {
-        self.decisions
-            .get_or_create(&DecisionLabels {
-                domain: domain.to_owned(),
-                rule: rule.to_owned(),
-                outcome,
-            })
-            .clone()
+        let labels = DecisionLabels {
+            domain: domain.to_owned(),
+            rule: rule.to_owned(),
+            outcome,
+        };
+        let counter = self.decisions.get_or_create(&labels).clone();
+        let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        if !series.index.contains_key(&labels) {
+            let at = series.counters.len();
+            series.index.insert(labels.clone(), at);
+            series.counters.push((labels, counter.clone()));
+        }
+        counter
+    }
+
+    /// Every decision counter so far, as `(domain, rule, outcome, total)`, in the order they
+    /// were first counted: a later call lists the same ones first, in the same order.
+    pub fn decision_totals(&self) -> Vec<(String, String, Outcome, u64)> {
+        let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        series
+            .counters
+            .iter()
+            .map(|(l, c)| (l.domain.clone(), l.rule.clone(), l.outcome, c.get()))
+            .collect()
+    }
+
+    /// The `n` counters refused most often since start, most first.
+    pub fn top_limited(&self, n: usize) -> Vec<(String, u64)> {
+        let counts = self
+            .limited_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut top: Vec<(String, u64)> = counts.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        top.truncate(n);
+        top
+    }
+
+    /// Store calls that failed since start.
+    pub fn store_errors(&self) -> u64 {
+        self.store_errors.get()
     }
 
     /// How many decisions of this kind were counted.
@@ -337,19 +382,11 @@ impl Metrics {
                 .inner()
                 .store(stats.refund_failures, Ordering::Relaxed);
         }
-        {
-            let counts = self
-                .limited_counts
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            let mut top: Vec<(&String, &u64)> = counts.iter().collect();
-            top.sort_by(|a, b| b.1.cmp(a.1));
-            self.top_limited.clear();
-            for (key, n) in top.into_iter().take(TOP_KEYS_EXPORTED) {
-                self.top_limited
-                    .get_or_create(&KeyLabels { key: key.clone() })
-                    .set(i64::try_from(*n).unwrap_or(i64::MAX));
-            }
+        self.top_limited.clear();
+        for (key, n) in self.top_limited(TOP_KEYS_EXPORTED) {
+            self.top_limited
+                .get_or_create(&KeyLabels { key })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());

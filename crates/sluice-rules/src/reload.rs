@@ -175,12 +175,22 @@ impl Reloader {
     pub fn watch(self: &Arc<Self>, debounce: Duration) -> Result<Watcher, notify::Error> {
         let (tx, rx) = mpsc::channel::<Signal>();
         let fs_tx = tx.clone();
+        // Absolute, as the watcher reports paths, but with links unresolved: a ConfigMap's file
+        // is a link into the data directory it swaps.
+        let sources: Vec<PathBuf> = self
+            .sources
+            .iter()
+            .map(|s| std::path::absolute(s).unwrap_or_else(|_| s.clone()))
+            .collect();
         let mut watcher =
             notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
                 let relevant = match res {
                     // Reading the files ourselves produces access events; reacting to them would
                     // reload forever.
-                    Ok(event) => !matches!(event.kind, EventKind::Access(_)),
+                    Ok(event) => {
+                        !matches!(event.kind, EventKind::Access(_))
+                            && concerns_sources(&sources, &event.paths)
+                    }
                     // A lost event (an overflowing queue) may hide a change: reload to be sure.
                     Err(_) => true,
                 };
@@ -233,6 +243,39 @@ const MAX_DEBOUNCES: u32 = 10;
 enum Signal {
     Changed,
     Stop,
+}
+
+/// Whether a change to `paths` can change the rules from `sources`. A file source is watched
+/// through its directory, where other files change too (a log written beside the rules would
+/// otherwise reload them on every line, and a failing reload log about it, forever): only the
+/// file itself counts, and the `..`-named entries through which a Kubernetes ConfigMap swaps
+/// its files (`..data`, `..2026_11_23_…`). Anything inside a directory source counts.
+fn concerns_sources(sources: &[PathBuf], paths: &[PathBuf]) -> bool {
+    // An event without paths says nothing about where: reload to be sure.
+    if paths.is_empty() {
+        return true;
+    }
+    paths.iter().any(|path| {
+        sources.iter().any(|source| {
+            if path.starts_with(source) {
+                return true;
+            }
+            let (Some(dir), Some(name)) = (source.parent(), source.file_name()) else {
+                return false;
+            };
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            let in_dir = path.parent() == Some(dir);
+            let configmap = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(".."));
+            in_dir && (path.file_name() == Some(name) || configmap)
+        })
+    })
 }
 
 /// A directory is watched whole; a file through its parent, so replacing the file is seen too.
@@ -292,5 +335,32 @@ impl Drop for Watcher {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_changes_to_the_rule_files_concern_them() {
+        let file = vec![PathBuf::from("/etc/sluice/rules.yaml")];
+        let p = |s: &str| vec![PathBuf::from(s)];
+        assert!(concerns_sources(&file, &p("/etc/sluice/rules.yaml")));
+        // A ConfigMap's swap of its data directory, seen from the mounted directory.
+        assert!(concerns_sources(&file, &p("/etc/sluice/..data")));
+        assert!(concerns_sources(
+            &file,
+            &p("/etc/sluice/..2026_11_23_06_00_00.123")
+        ));
+        // A log or an editor's backup beside the rules is not a change to them.
+        assert!(!concerns_sources(&file, &p("/etc/sluice/sluice.log")));
+        assert!(!concerns_sources(&file, &p("/etc/sluice/rules.yaml.swp")));
+        assert!(!concerns_sources(&file, &p("/etc/other/rules.yaml")));
+        // Anything in a directory of rules counts; an event without paths does too.
+        let dir = vec![PathBuf::from("/etc/sluice/rules.d")];
+        assert!(concerns_sources(&dir, &p("/etc/sluice/rules.d/api.yaml")));
+        assert!(!concerns_sources(&dir, &p("/etc/sluice/sluice.log")));
+        assert!(concerns_sources(&file, &[]));
     }
 }

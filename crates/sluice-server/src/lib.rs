@@ -178,13 +178,18 @@ impl Server {
                 tracing::error!(error = %e, "gRPC server failed");
             }
         });
+        let sampler = sluice_limiter::activity::sample_every(
+            &limiter,
+            std::time::Duration::from_secs(1),
+            stopped.clone(),
+        );
         tracing::info!(%http_addr, %grpc_addr, store = %options.store, "sluice is serving");
         Ok(Server {
             http_addr,
             grpc_addr,
             limiter,
             stop,
-            tasks: vec![http_task, grpc_task],
+            tasks: vec![http_task, grpc_task, sampler],
             _watcher: watcher,
         })
     }
