@@ -203,7 +203,12 @@ pub fn gateway_keys(data: &[u8]) {
     };
     let peer = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let trusted: Vec<Cidr> = vec!["127.0.0.0/8".parse().expect("a CIDR")];
-    let client = sluice_http::client_ip::client_ip(peer, &parts.headers, &trusted);
+    let client = sluice_http::client_ip::client_ip(
+        peer,
+        &parts.headers,
+        &trusted,
+        sluice_http::client_ip::ForwardedHeader::XForwardedFor,
+    );
     if let Some(extracted) = sluice_http::extract::extract(gateway, &parts, client) {
         if let Err(e) = extracted.request.validate() {
             panic!("extraction built a request the limiter refuses: {e}");

@@ -41,6 +41,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulShutdown;
 use sluice_http::admin::{self, AdminState};
+pub use sluice_http::client_ip::ForwardedHeader;
 use sluice_http::{DEFAULT_MAX_DELAYED, PeerAddr, SharedLimitLayer};
 use sluice_limiter::{Limiter, StartError, StoreSettings, store_url};
 use sluice_rules::{Cidr, Watcher};
@@ -76,6 +77,8 @@ pub struct GatewayOptions {
     pub max_delayed: usize,
     /// Proxies whose forwarding headers are believed, beyond the rules' `trusted_proxies`.
     pub trusted_proxies: Vec<Cidr>,
+    /// The forwarding header those proxies write; the only one read.
+    pub client_ip_header: ForwardedHeader,
     /// The store URL: `memory`, `memory://?max_keys=N` or a Redis URL.
     pub store: String,
     /// Key prefix and call timeout for a Redis store.
@@ -99,6 +102,7 @@ impl GatewayOptions {
             upstream_h2: false,
             max_delayed: DEFAULT_MAX_DELAYED,
             trusted_proxies: Vec::new(),
+            client_ip_header: ForwardedHeader::default(),
             store: "memory".to_owned(),
             store_settings: StoreSettings::default(),
             reload_debounce: Duration::from_millis(250),
@@ -168,7 +172,8 @@ impl Gateway {
         let forward = forward::Forward::new(&options)?;
         let layer = SharedLimitLayer::new(limiter.clone())
             .max_delayed(options.max_delayed)
-            .trust_proxies(options.trusted_proxies.iter().copied());
+            .trust_proxies(options.trusted_proxies.iter().copied())
+            .client_ip_header(options.client_ip_header);
         let service = layer.layer(forward);
         let listener = bind(options.listen).await?;
         let addr = listener.local_addr().unwrap_or(options.listen);

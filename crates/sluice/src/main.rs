@@ -119,14 +119,22 @@ struct ProxyArgs {
     /// The most requests waiting in `delay` at once; more are rejected.
     #[arg(long, env = "SLUICE_MAX_DELAYED", default_value_t = sluice_http::DEFAULT_MAX_DELAYED)]
     max_delayed: usize,
-    /// A proxy whose X-Forwarded-For and Forwarded headers are believed, as a CIDR
-    /// (repeatable), beyond the rules' `trusted_proxies`.
+    /// A proxy whose forwarding header is believed, as a CIDR (repeatable), beyond the rules'
+    /// `trusted_proxies`.
     #[arg(
         long = "trusted-proxy",
         env = "SLUICE_TRUSTED_PROXIES",
         value_delimiter = ','
     )]
     trusted_proxies: Vec<sluice_rules::Cidr>,
+    /// The forwarding header the trusted proxies write, and the only one read for the client's
+    /// address: x-forwarded-for (nginx, HAProxy, Envoy, cloud load balancers) or forwarded.
+    #[arg(
+        long,
+        env = "SLUICE_CLIENT_IP_HEADER",
+        default_value = "x-forwarded-for"
+    )]
+    client_ip_header: sluice_gateway::ForwardedHeader,
 }
 
 fn main() -> ExitCode {
@@ -185,6 +193,7 @@ fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         options.upstream_h2 = args.upstream_h2;
         options.max_delayed = args.max_delayed;
         options.trusted_proxies = args.trusted_proxies;
+        options.client_ip_header = args.client_ip_header;
         let gateway = Gateway::start(options).await?;
         shutdown_signal().await;
         tracing::info!("shutting down: finishing requests in flight");

@@ -12,7 +12,7 @@ use sluice_rules::{
 use tower_layer::Layer;
 
 use super::service::SharedLimit;
-use crate::client_ip::client_ip;
+use crate::client_ip::{ForwardedHeader, client_ip};
 use crate::enforce::{DEFAULT_MAX_DELAYED, Enforcer};
 use crate::extract::{Extracted, extract};
 use sluice_limiter::{HeaderStyle, LimitRequest, Limiter, Metrics, RequestDescriptor};
@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     keys: Keys,
     /// Trusted proxies beyond those in the rules (the gateway's `--trusted-proxy`).
     extra_trusted: Vec<Cidr>,
+    /// The forwarding header the trusted proxies write, the only one read.
+    forwarded_header: ForwardedHeader,
 }
 
 impl Shared {
@@ -63,7 +65,7 @@ impl Shared {
             .chain(&self.extra_trusted)
             .copied()
             .collect();
-        let client = client_ip(peer, &parts.headers, &trusted);
+        let client = client_ip(peer, &parts.headers, &trusted, self.forwarded_header);
         match &self.keys {
             Keys::Routes => extract(gateway?, parts, client),
             Keys::Custom(f) => f(parts, client),
@@ -199,6 +201,7 @@ impl SharedLimitLayer {
                 enforcer: Enforcer::new(limiter, DEFAULT_MAX_DELAYED),
                 keys,
                 extra_trusted: Vec::new(),
+                forwarded_header: ForwardedHeader::default(),
             }),
         }
     }
@@ -213,6 +216,13 @@ impl SharedLimitLayer {
     /// Also trusts forwarding headers from these proxies, beyond the rules' `trusted_proxies`.
     pub fn trust_proxies(mut self, cidrs: impl IntoIterator<Item = Cidr>) -> Self {
         Arc::make_mut(&mut self.shared).extra_trusted.extend(cidrs);
+        self
+    }
+
+    /// Reads the client's address from `header`, the one the trusted proxies write (by
+    /// default `X-Forwarded-For`); the other forwarding header is ignored.
+    pub fn client_ip_header(mut self, header: ForwardedHeader) -> Self {
+        Arc::make_mut(&mut self.shared).forwarded_header = header;
         self
     }
 
