@@ -36,20 +36,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Uri};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::graceful::GracefulShutdown;
+use http::Uri;
 use sluice_http::admin::{self, AdminState};
 pub use sluice_http::client_ip::ForwardedHeader;
-use sluice_http::{DEFAULT_MAX_DELAYED, PeerAddr, SharedLimitLayer};
+pub use sluice_http::serve::ConnectionTimeouts;
+use sluice_http::serve::serve_connections;
+use sluice_http::{DEFAULT_MAX_DELAYED, SharedLimitLayer};
 use sluice_limiter::{Limiter, StartError, StoreSettings, store_url};
 use sluice_rules::{Cidr, Watcher};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower_layer::Layer;
-use tower_service::Service;
 
 pub use forward::GatewayBody;
 pub use upstream_pool::UpstreamBody;
@@ -79,6 +77,9 @@ pub struct GatewayOptions {
     pub trusted_proxies: Vec<Cidr>,
     /// The forwarding header those proxies write; the only one read.
     pub client_ip_header: ForwardedHeader,
+    /// How long clients may take to send a request head, and how idle h2 connections are
+    /// checked, on the proxy and admin listeners.
+    pub timeouts: ConnectionTimeouts,
     /// The store URL: `memory`, `memory://?max_keys=N` or a Redis URL.
     pub store: String,
     /// Key prefix and call timeout for a Redis store.
@@ -103,6 +104,7 @@ impl GatewayOptions {
             max_delayed: DEFAULT_MAX_DELAYED,
             trusted_proxies: Vec::new(),
             client_ip_header: ForwardedHeader::default(),
+            timeouts: ConnectionTimeouts::default(),
             store: "memory".to_owned(),
             store_settings: StoreSettings::default(),
             reload_debounce: Duration::from_millis(250),
@@ -178,10 +180,11 @@ impl Gateway {
         let listener = bind(options.listen).await?;
         let addr = listener.local_addr().unwrap_or(options.listen);
         let (stop, stopped) = watch::channel(false);
-        let mut tasks = vec![tokio::spawn(serve_proxy(
+        let mut tasks = vec![tokio::spawn(serve_connections(
             listener,
             service,
             stopped.clone(),
+            options.timeouts,
         ))];
         // The dashboard's history, served on the admin listener.
         tasks.push(sluice_limiter::activity::sample_every(
@@ -197,7 +200,12 @@ impl Gateway {
                 limiter: limiter.clone(),
                 admin_token: options.admin_token.as_deref().map(Arc::from),
             };
-            tasks.push(tokio::spawn(serve_admin(listener, state, stopped)));
+            tasks.push(tokio::spawn(serve_admin(
+                listener,
+                state,
+                stopped,
+                options.timeouts,
+            )));
         }
         tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, "sluice proxy is forwarding");
         Ok(Gateway {
@@ -241,75 +249,18 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, GatewayError> {
         .map_err(|source| GatewayError::Bind { addr, source })
 }
 
-/// Accepts connections until `stopped`, serving each with `service`, then lets the requests in
-/// flight finish.
-async fn serve_proxy<S, B>(listener: TcpListener, service: S, mut stopped: watch::Receiver<bool>)
-where
-    S: Service<Request<Incoming>, Response = http::Response<B>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let graceful = GracefulShutdown::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let service = service.clone();
-                let hyper_service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                    request.extensions_mut().insert(PeerAddr(peer));
-                    let mut service = service.clone();
-                    async move {
-                        std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
-                        service.call(request).await
-                    }
-                });
-                let connection = builder
-                    .serve_connection(TokioIo::new(stream), hyper_service)
-                    .into_owned();
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, %peer, "connection ended with an error");
-                    }
-                });
-            }
-            _ = stopped.wait_for(|s| *s) => break,
-        }
-    }
-    drop(listener);
-    graceful.shutdown().await;
-}
-
 /// Serves the admin router until `stopped`.
-async fn serve_admin(listener: TcpListener, state: AdminState, mut stopped: watch::Receiver<bool>) {
-    let app = admin::router(state)
-        .fallback(|| async {
-            sluice_http::problem::Problem::new(
-                http::StatusCode::NOT_FOUND,
-                "no such endpoint on the admin listener",
-            )
-        })
-        .into_make_service_with_connect_info::<SocketAddr>();
-    let shutdown = async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        tracing::error!(error = %e, "admin listener failed");
-    }
+async fn serve_admin(
+    listener: TcpListener,
+    state: AdminState,
+    stopped: watch::Receiver<bool>,
+    timeouts: ConnectionTimeouts,
+) {
+    let app = admin::router(state).fallback(|| async {
+        sluice_http::problem::Problem::new(
+            http::StatusCode::NOT_FOUND,
+            "no such endpoint on the admin listener",
+        )
+    });
+    serve_connections(listener, app, stopped, timeouts).await;
 }

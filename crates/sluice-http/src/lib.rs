@@ -33,6 +33,7 @@ pub mod extract;
 pub mod middleware;
 #[cfg(feature = "axum")]
 pub mod problem;
+pub mod serve;
 
 pub use enforce::{DEFAULT_MAX_DELAYED, Enforcement, Enforcer, QUOTA_EXCEEDED, reject};
 pub use extract::Extracted;

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use sluice_http::serve::ConnectionTimeouts;
 use sluice_limiter::{HeaderStyle, Limiter, OpenStore, StoreSettings, store_url};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -51,6 +52,9 @@ pub struct ServeOptions {
     pub reload_debounce: Duration,
     /// Key prefix and call timeout for a Redis store.
     pub store_settings: StoreSettings,
+    /// How long HTTP clients may take to send a request head, and how idle h2 connections
+    /// (HTTP and gRPC) are checked.
+    pub timeouts: ConnectionTimeouts,
 }
 
 impl ServeOptions {
@@ -66,6 +70,7 @@ impl ServeOptions {
             grpc_headers: HeaderStyle::None,
             reload_debounce: Duration::from_millis(250),
             store_settings: StoreSettings::default(),
+            timeouts: ConnectionTimeouts::default(),
         }
     }
 }
@@ -140,23 +145,13 @@ impl Server {
             admin_token: options.admin_token.map(Arc::from),
             headers: options.http_headers,
         };
-        let app = api::router(state).into_make_service_with_connect_info::<SocketAddr>();
-        let mut http_stop = stopped.clone();
-        let http_task = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = http_stop.wait_for(|s| *s).await;
-            };
-            // Answers go out as soon as they are written: a decision is latency, not bulk.
-            let http = axum::serve::ListenerExt::tap_io(http, |tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            if let Err(e) = axum::serve(http, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-            {
-                tracing::error!(error = %e, "HTTP server failed");
-            }
-        });
+        let app = api::router(state);
+        let http_task = tokio::spawn(sluice_http::serve::serve_connections(
+            http,
+            app,
+            stopped.clone(),
+            options.timeouts,
+        ));
 
         let (health_reporter, health) = tonic_health::server::health_reporter();
         health_reporter
@@ -164,12 +159,16 @@ impl Server {
             .await;
         let rls = grpc::RlsService::new(limiter.clone(), options.grpc_headers).into_server();
         let mut grpc_stop = stopped.clone();
+        let timeouts = options.timeouts;
         let grpc_task = tokio::spawn(async move {
             let incoming = tokio_stream_listener(grpc);
             let shutdown = async move {
                 let _ = grpc_stop.wait_for(|s| *s).await;
             };
+            // An h2 client that stops answering pings is dropped.
             let served = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(timeouts.h2_keep_alive))
+                .http2_keepalive_timeout(Some(timeouts.h2_keep_alive))
                 .add_service(health)
                 .add_service(rls)
                 .serve_with_incoming_shutdown(incoming, shutdown)

@@ -20,6 +20,28 @@ pub(crate) struct RulesArgs {
     pub(crate) reload_debounce: Duration,
 }
 
+/// How long clients may hold connections, and how long stopping may take.
+#[derive(Debug, Args)]
+pub(crate) struct ConnectionArgs {
+    /// How long a client may take to send a request's head (from connecting, or from the end
+    /// of its previous answer); a slower one is disconnected.
+    #[arg(long, env = "SLUICE_HEADER_TIMEOUT", value_parser = parse_duration_or_error, default_value = "10s")]
+    pub(crate) header_timeout: Duration,
+    /// On SIGTERM, how long requests in flight may take to finish; then every connection
+    /// still open is closed and the process exits 0.
+    #[arg(long, env = "SLUICE_SHUTDOWN_TIMEOUT", value_parser = parse_duration_or_error, default_value = "30s")]
+    pub(crate) shutdown_timeout: Duration,
+}
+
+impl ConnectionArgs {
+    pub(crate) fn timeouts(&self) -> sluice_http::serve::ConnectionTimeouts {
+        sluice_http::serve::ConnectionTimeouts {
+            header_read: self.header_timeout,
+            ..Default::default()
+        }
+    }
+}
+
 /// Where counters live.
 #[derive(Debug, Args)]
 pub(crate) struct StoreArgs {
@@ -98,6 +120,31 @@ pub(crate) fn init_logging(format: LogFormat) {
 }
 
 /// Starts logging and the async runtime, as every long-running command does.
+/// Runs `serve` (which starts a server and waits for a signal) on `runtime`; then stops it with
+/// `stop`, giving requests in flight `deadline` to finish before the connections still open
+/// are closed. Returns once everything is down, whatever the clients do.
+pub(crate) fn run_until_stopped<T>(
+    runtime: tokio::runtime::Runtime,
+    deadline: Duration,
+    serve: impl std::future::Future<Output = anyhow::Result<T>>,
+    stop: impl FnOnce(T) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+) -> anyhow::Result<()> {
+    let result = runtime.block_on(async move {
+        let running = serve.await?;
+        tracing::info!("shutting down: finishing requests in flight");
+        if tokio::time::timeout(deadline, stop(running)).await.is_err() {
+            tracing::warn!(
+                ?deadline,
+                "connections still open after the shutdown deadline; closing them"
+            );
+        }
+        Ok(())
+    });
+    // Tasks still serving connections are dropped with the runtime; nothing waits on them.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
 pub(crate) fn start_runtime(log: &LogArgs) -> anyhow::Result<tokio::runtime::Runtime> {
     init_logging(log.log_format);
     tokio::runtime::Builder::new_multi_thread()

@@ -15,7 +15,9 @@ use sluice_gateway::{Gateway, GatewayOptions};
 use sluice_rules::RuleSet;
 use sluice_server::{ServeOptions, Server};
 
-use crate::args::{Headers, LogArgs, RulesArgs, StoreArgs, start_runtime};
+use crate::args::{
+    ConnectionArgs, Headers, LogArgs, RulesArgs, StoreArgs, run_until_stopped, start_runtime,
+};
 
 /// The binary allocates per request on every path (headers, JSON, protobuf, keys); mimalloc's
 /// thread-local free lists serve that pattern faster than the system allocator. The library
@@ -69,6 +71,8 @@ struct ServeArgs {
     store: StoreArgs,
     #[command(flatten)]
     log: LogArgs,
+    #[command(flatten)]
+    connections: ConnectionArgs,
     /// Where the HTTP API listens.
     #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
@@ -94,6 +98,8 @@ struct ProxyArgs {
     store: StoreArgs,
     #[command(flatten)]
     log: LogArgs,
+    #[command(flatten)]
+    connections: ConnectionArgs,
     /// Where the gateway listens.
     #[arg(long, env = "SLUICE_LISTEN", default_value = "127.0.0.1:8000")]
     listen: SocketAddr,
@@ -160,8 +166,10 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = start_runtime(&args.log)?;
-    runtime.block_on(async move {
+    let deadline = args.connections.shutdown_timeout;
+    let start = async move {
         let mut options = ServeOptions::new(args.rules.config);
+        options.timeouts = args.connections.timeouts();
         options.reload_debounce = args.rules.reload_debounce;
         options.store_settings = args.store.settings();
         options.store = args.store.store;
@@ -172,16 +180,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         options.grpc_headers = args.grpc_headers.into();
         let server = Server::start(options).await?;
         shutdown_signal().await;
-        tracing::info!("shutting down: finishing requests in flight");
-        server.shutdown().await;
-        Ok(())
+        Ok(server)
+    };
+    run_until_stopped(runtime, deadline, start, |server| {
+        Box::pin(server.shutdown())
     })
 }
 
 fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let runtime = start_runtime(&args.log)?;
-    runtime.block_on(async move {
+    let deadline = args.connections.shutdown_timeout;
+    let start = async move {
         let mut options = GatewayOptions::new(args.rules.config, args.upstream);
+        options.timeouts = args.connections.timeouts();
         options.reload_debounce = args.rules.reload_debounce;
         options.store_settings = args.store.settings();
         options.store = args.store.store;
@@ -196,9 +207,10 @@ fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         options.client_ip_header = args.client_ip_header;
         let gateway = Gateway::start(options).await?;
         shutdown_signal().await;
-        tracing::info!("shutting down: finishing requests in flight");
-        gateway.shutdown().await;
-        Ok(())
+        Ok(gateway)
+    };
+    run_until_stopped(runtime, deadline, start, |gateway| {
+        Box::pin(gateway.shutdown())
     })
 }
 

@@ -1,0 +1,169 @@
+//! Stopping and slow clients, with real processes: SIGTERM ends `serve` and `proxy` within the
+//! shutdown deadline whatever the clients hold open, and a client that trickles its request head
+//! is disconnected while others are served.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use sluice_testing::process::{Spawned, free_addr, spawn_listening};
+
+const RULES: &str = "domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 5}
+routes:
+  - path: /api/*
+    descriptors: [[{key: k, value: all}]]
+";
+
+fn rules() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(&path, RULES).unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    (dir, path)
+}
+
+/// Sends SIGTERM and waits, at most 20 s, for the process to exit.
+fn terminate(process: &mut Spawned) -> ExitStatus {
+    let pid = process.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = process.0.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 20 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A request whose head is sent but whose body never comes.
+fn half_sent_request(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap();
+    s
+}
+
+/// An h2c connection that sends the preface and then nothing, as a stalled gRPC client.
+fn silent_h2c(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s
+}
+
+#[test]
+fn serve_exits_zero_after_the_deadline_whatever_clients_hold_open() {
+    let (_dir, rules) = rules();
+    let (http, grpc) = (free_addr(), free_addr());
+    let mut serve = spawn_listening(
+        env!("CARGO_BIN_EXE_sluice"),
+        &[
+            "serve",
+            "--config",
+            &rules,
+            "--http-addr",
+            &http,
+            "--grpc-addr",
+            &grpc,
+            "--shutdown-timeout",
+            "1s",
+            "--header-timeout",
+            "1h",
+        ],
+        &http,
+    );
+    let _held = [
+        half_sent_request(&http),
+        silent_h2c(&grpc),
+        silent_h2c(&http),
+    ];
+    let status = terminate(&mut serve);
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn proxy_exits_zero_after_the_deadline_whatever_clients_hold_open() {
+    let (_dir, rules) = rules();
+    let (listen, admin) = (free_addr(), free_addr());
+    let mut proxy = spawn_listening(
+        env!("CARGO_BIN_EXE_sluice"),
+        &[
+            "proxy",
+            "--config",
+            &rules,
+            "--listen",
+            &listen,
+            "--admin-addr",
+            &admin,
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--shutdown-timeout",
+            "1s",
+            "--header-timeout",
+            "1h",
+        ],
+        // The admin listener binds after the proxy's: once it answers, both do.
+        &admin,
+    );
+    let _held = [
+        half_sent_request(&listen),
+        silent_h2c(&listen),
+        half_sent_request(&admin),
+    ];
+    let status = terminate(&mut proxy);
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn a_trickled_request_head_is_cut_off_while_others_are_served() {
+    let (_dir, rules) = rules();
+    let (http, grpc) = (free_addr(), free_addr());
+    let _serve = spawn_listening(
+        env!("CARGO_BIN_EXE_sluice"),
+        &[
+            "serve",
+            "--config",
+            &rules,
+            "--http-addr",
+            &http,
+            "--grpc-addr",
+            &grpc,
+            "--header-timeout",
+            "1s",
+        ],
+        &http,
+    );
+    // A slowloris: the head is never finished.
+    let mut slow = TcpStream::connect(&http).unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: ")
+        .unwrap();
+    // Meanwhile a real client is answered.
+    let mut ok = TcpStream::connect(&http).unwrap();
+    ok.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    ok.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The slow one is closed by the server (end of stream, perhaps after a 408), not left open:
+    // the read below would otherwise block until its own 20 s bound and fail.
+    slow.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut rest = Vec::new();
+    match slow.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+}
