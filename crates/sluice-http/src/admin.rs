@@ -109,10 +109,13 @@ fn admit_admin(token: Option<&str>, peer: SocketAddr, headers: &HeaderMap) -> Re
     if peer.ip().is_loopback() {
         return Ok(());
     }
+    // The scheme is case-insensitive (RFC 9110 §11.1): `bearer`, `BEARER` and `Bearer` alike.
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim_start());
     match (token, presented) {
         (Some(token), Some(p)) if constant_time_eq(token.as_bytes(), p.as_bytes()) => Ok(()),
         (None, _) => Err(Problem::new(
@@ -294,5 +297,19 @@ mod tests {
         assert!(admit_admin(Some("s3cret"), remote, &bearer("wrong")).is_err());
         assert!(admit_admin(Some("s3cret"), remote, &bearer("s3cre")).is_err());
         assert!(admit_admin(Some("s3cret"), remote, &bearer("s3cret")).is_ok());
+        for scheme in ["bearer", "BEARER", "BeArEr"] {
+            let mut h = HeaderMap::new();
+            h.insert(
+                header::AUTHORIZATION,
+                HeaderValue::from_str(&format!("{scheme} s3cret")).unwrap(),
+            );
+            assert!(admit_admin(Some("s3cret"), remote, &h).is_ok(), "{scheme}");
+        }
+        let mut basic = HeaderMap::new();
+        basic.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic s3cret"),
+        );
+        assert!(admit_admin(Some("s3cret"), remote, &basic).is_err());
     }
 }

@@ -40,14 +40,32 @@ impl fmt::Display for Location {
     }
 }
 
-/// One problem in a rule file, with where it is.
+/// One problem in a rule file, with where it is. Its message is one line: characters from the
+/// file that would break it (a key holding a newline, a tab) are written escaped, so that every
+/// error of a load is one line of output, and a log line cannot be forged by a rule file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{location}: {kind}")]
+#[error("{}", one_line(&format!("{}: {}", .location, .kind)))]
 pub struct ConfigError {
     /// Where the problem is: the offending key or value.
     pub location: Location,
     /// What the problem is.
     pub kind: ErrorKind,
+}
+
+/// `text` with control characters escaped as Rust writes them (`\n`, `\t`, `\u{1b}`).
+fn one_line(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 impl ConfigError {

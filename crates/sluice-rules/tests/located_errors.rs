@@ -574,3 +574,17 @@ descriptors:
         ErrorKind::Unsupported { .. }
     ));
 }
+
+#[test]
+fn a_message_is_one_line_whatever_the_file_holds() {
+    // A key with a newline and an escape character in it, echoed by the message.
+    let err = RuleSet::parse(
+        "rules.yaml",
+        "domain: api\ndescriptors:\n  - key: user\n    \"bad\\nfield\\u001b[31m\": 1\n",
+    )
+    .expect_err("an unknown field");
+    let msg = err.to_string();
+    assert!(!msg.contains('\n') && !msg.contains('\u{1b}'), "{msg:?}");
+    assert!(msg.contains("bad\\nfield\\u{1b}[31m"), "{msg}");
+    assert!(msg.starts_with("rules.yaml:4:5:"), "{msg}");
+}

@@ -112,14 +112,19 @@ impl From<Headers> for HeaderStyle {
 pub(crate) fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour only for a person at a terminal: a file, a pipe or a log collector gets plain text,
+    // and NO_COLOR (no-color.org) turns it off everywhere.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
     match format {
         LogFormat::Pretty => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
 }
 
-/// Starts logging and the async runtime, as every long-running command does.
 /// Runs `serve` (which starts a server and waits for a signal) on `runtime`; then stops it with
 /// `stop`, giving requests in flight `deadline` to finish before the connections still open
 /// are closed. Returns once everything is down, whatever the clients do.
@@ -145,6 +150,7 @@ pub(crate) fn run_until_stopped<T>(
     result
 }
 
+/// Starts logging and the async runtime, as every long-running command does.
 pub(crate) fn start_runtime(log: &LogArgs) -> anyhow::Result<tokio::runtime::Runtime> {
     init_logging(log.log_format);
     tokio::runtime::Builder::new_multi_thread()

@@ -50,12 +50,9 @@ pub fn router(state: ApiState) -> Router {
 
 /// Reads a JSON body of at most [`MAX_BODY`] bytes into `T`, naming the field at fault.
 async fn read_json<T: DeserializeOwned>(body: Body) -> Result<T, Problem> {
-    let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
-        Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body is larger than {MAX_BODY} bytes"),
-        )
-    })?;
+    let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|e| body_problem(&e))?;
     // Plain parsing is the fast path; only a body that fails is parsed again, tracking the
     // path, to name the field at fault.
     if let Ok(value) = serde_json::from_slice(&bytes) {
@@ -69,6 +66,22 @@ async fn read_json<T: DeserializeOwned>(body: Body) -> Result<T, Problem> {
     de.end()
         .map_err(|e| Problem::bad_request(format!("invalid JSON: {e}")))?;
     Ok(value)
+}
+
+/// A body that could not be read: too large (413), or malformed on the wire, such as a broken
+/// chunked encoding or a connection that ended early (400).
+fn body_problem(e: &axum::Error) -> Problem {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body is larger than {MAX_BODY} bytes"),
+            );
+        }
+        source = err.source();
+    }
+    Problem::bad_request(format!("the body could not be read: {e}"))
 }
 
 /// Reads a request body and decides it.
