@@ -60,9 +60,12 @@ struct BuildLabels {
     version: String,
 }
 
+/// A limited counter in `/metrics`: its key hashed, since a key holds request values (user
+/// ids, API keys, addresses) and `/metrics` answers anyone who can reach it. The dashboard, an
+/// admin endpoint, shows the keys themselves.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct KeyLabels {
-    key: String,
+    key_hash: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -112,6 +115,9 @@ pub struct Metrics {
     redis: std::sync::OnceLock<RedisSeries>,
     /// Every decision counter created, in creation order, for the dashboard's history.
     series: Mutex<Series>,
+    /// Hashes limited keys for `/metrics` with keys of this process's own, so a hash cannot be
+    /// matched against guessed keys elsewhere.
+    key_hasher: std::collections::hash_map::RandomState,
 }
 
 /// The decision counters in the order they were created, so that a history sample can be a list
@@ -184,7 +190,8 @@ impl Metrics {
         let top_limited = registered(
             &mut registry,
             "top_limited_keys",
-            "Refusals of the most limited counters since start",
+            "Refusals of the most limited counters since start, by a hash of the counter key \
+             (GET /v1/dashboard, an admin endpoint, names the keys)",
             Family::<KeyLabels, Gauge>::default(),
         );
         let build = Family::<BuildLabels, Gauge>::default();
@@ -206,6 +213,7 @@ impl Metrics {
             limited_counts: Mutex::new(HashMap::new()),
             redis: std::sync::OnceLock::new(),
             series: Mutex::new(Series::default()),
+            key_hasher: std::collections::hash_map::RandomState::new(),
         }
     }
 
@@ -384,8 +392,10 @@ impl Metrics {
         }
         self.top_limited.clear();
         for (key, n) in self.top_limited(TOP_KEYS_EXPORTED) {
+            use std::hash::BuildHasher as _;
+            let key_hash = format!("{:016x}", self.key_hasher.hash_one(&key));
             self.top_limited
-                .get_or_create(&KeyLabels { key })
+                .get_or_create(&KeyLabels { key_hash })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
