@@ -39,7 +39,7 @@ use std::time::Duration;
 use http::Uri;
 use sluice_http::admin::{self, AdminState};
 pub use sluice_http::client_ip::ForwardedHeader;
-pub use sluice_http::serve::ConnectionTimeouts;
+pub use sluice_http::serve::ConnectionLimits;
 use sluice_http::serve::serve_connections;
 use sluice_http::{DEFAULT_MAX_DELAYED, SharedLimitLayer};
 use sluice_limiter::{Limiter, StartError, StoreSettings, store_url};
@@ -79,7 +79,7 @@ pub struct GatewayOptions {
     pub client_ip_header: ForwardedHeader,
     /// How long clients may take to send a request head, and how idle h2 connections are
     /// checked, on the proxy and admin listeners.
-    pub timeouts: ConnectionTimeouts,
+    pub connections: ConnectionLimits,
     /// The store URL: `memory`, `memory://?max_keys=N` or a Redis URL.
     pub store: String,
     /// Key prefix and call timeout for a Redis store.
@@ -104,7 +104,7 @@ impl GatewayOptions {
             max_delayed: DEFAULT_MAX_DELAYED,
             trusted_proxies: Vec::new(),
             client_ip_header: ForwardedHeader::default(),
-            timeouts: ConnectionTimeouts::default(),
+            connections: ConnectionLimits::default(),
             store: "memory".to_owned(),
             store_settings: StoreSettings::default(),
             reload_debounce: Duration::from_millis(250),
@@ -184,7 +184,7 @@ impl Gateway {
             listener,
             service,
             stopped.clone(),
-            options.timeouts,
+            options.connections,
         ))];
         // The dashboard's history, served on the admin listener.
         tasks.push(sluice_limiter::activity::sample_every(
@@ -204,7 +204,7 @@ impl Gateway {
                 listener,
                 state,
                 stopped,
-                options.timeouts,
+                options.connections,
             )));
         }
         tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, "sluice proxy is forwarding");
@@ -254,7 +254,7 @@ async fn serve_admin(
     listener: TcpListener,
     state: AdminState,
     stopped: watch::Receiver<bool>,
-    timeouts: ConnectionTimeouts,
+    limits: ConnectionLimits,
 ) {
     let app = admin::router(state).fallback(|| async {
         sluice_http::problem::Problem::new(
@@ -262,5 +262,5 @@ async fn serve_admin(
             "no such endpoint on the admin listener",
         )
     });
-    serve_connections(listener, app, stopped, timeouts).await;
+    serve_connections(listener, app, stopped, limits).await;
 }

@@ -1,10 +1,15 @@
 //! Serving connections with the limits a public listener needs: a client must send its request
 //! head within a time (a slowloris holding connections open by trickling headers is closed), an
-//! h2 client that stops answering pings is dropped, and stopping lets the requests in flight
-//! finish. The service, the gateway and the gateway's admin listener all serve through here.
+//! h2 client that stops answering pings is dropped, connections are capped in total and per
+//! client address, running out of file descriptors slows accepting instead of spinning, and
+//! stopping lets the requests in flight finish. The service, the gateway and the gateway's admin
+//! listener all serve through here.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use http::Request;
 use hyper::body::Incoming;
@@ -16,27 +21,39 @@ use tower_service::Service;
 
 use crate::PeerAddr;
 
-/// How long a connection may take, and stay idle.
+/// How many connections a listener holds, and how long they may take and stay idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectionTimeouts {
+pub struct ConnectionLimits {
     /// From the connection's start, or the end of the previous answer on a kept-alive one, until
     /// the next request's head is complete. A connection that takes longer is closed.
     pub header_read: Duration,
     /// How often an idle h2 connection is pinged; one that does not answer within as long again
     /// is closed.
     pub h2_keep_alive: Duration,
+    /// Open connections at most; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// Open connections from one client address at most. Behind a load balancer every
+    /// connection comes from its few addresses: raise it there.
+    pub max_per_ip: usize,
 }
 
-impl Default for ConnectionTimeouts {
+impl Default for ConnectionLimits {
     /// 10 s for a request head (nginx's `client_header_timeout` is 60 s; a rate limiter's clients
-    /// send small heads), a ping every 30 s.
+    /// send small heads), a ping every 30 s, 16,384 connections, 1,024 from one address.
     fn default() -> Self {
-        ConnectionTimeouts {
+        ConnectionLimits {
             header_read: Duration::from_secs(10),
             h2_keep_alive: Duration::from_secs(30),
+            max_connections: 16_384,
+            max_per_ip: 1_024,
         }
     }
 }
+
+/// How long accepting pauses when the process is out of file descriptors.
+const EMFILE_BACKOFF: Duration = Duration::from_millis(100);
+/// The least time between two log lines about the same refusal.
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Accepts connections on `listener` until `stopped` turns true, serving each with `service`
 /// (HTTP/1.1 and h2), then lets the requests in flight finish. Each request carries the peer's
@@ -45,7 +62,7 @@ pub async fn serve_connections<S, B>(
     listener: TcpListener,
     service: S,
     mut stopped: watch::Receiver<bool>,
-    timeouts: ConnectionTimeouts,
+    limits: ConnectionLimits,
 ) where
     S: Service<Request<Incoming>, Response = http::Response<B>, Error = Infallible>
         + Clone
@@ -60,51 +77,196 @@ pub async fn serve_connections<S, B>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(timeouts.header_read);
+        .header_read_timeout(limits.header_read);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .keep_alive_interval(timeouts.h2_keep_alive)
-        .keep_alive_timeout(timeouts.h2_keep_alive);
+        .keep_alive_interval(limits.h2_keep_alive)
+        .keep_alive_timeout(limits.h2_keep_alive);
     let graceful = GracefulShutdown::new();
+    let open = Arc::new(OpenConnections::default());
+    let mut refusals = RateLimitedLog::default();
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let service = service.clone();
-                // Every request carries the peer's address.
-                let with_peer = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                    request.extensions_mut().insert(PeerAddr(peer));
-                    #[cfg(feature = "axum")]
-                    request
-                        .extensions_mut()
-                        .insert(axum::extract::ConnectInfo(peer));
-                    let mut service = service.clone();
-                    async move {
-                        std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
-                        service.call(request).await
-                    }
-                });
-                let connection = builder
-                    .serve_connection(TokioIo::new(stream), with_peer)
-                    .into_owned();
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, %peer, "connection ended with an error");
-                    }
-                });
-            }
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             _ = stopped.wait_for(|s| *s) => break,
-        }
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) if is_out_of_descriptors(&e) => {
+                // Connections already open go on being served; new ones wait in the backlog
+                // until one closes.
+                refusals.log(|n| {
+                    tracing::warn!(
+                        error = %e,
+                        repeated = n,
+                        "out of file descriptors: accepting paused; raise the open-files limit or lower --max-connections"
+                    );
+                });
+                tokio::time::sleep(EMFILE_BACKOFF).await;
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let Some(slot) = open.take(peer.ip(), &limits) else {
+            refusals.log(|n| {
+                tracing::warn!(
+                    %peer,
+                    repeated = n,
+                    "connection refused: at --max-connections or --max-connections-per-ip"
+                );
+            });
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let service = service.clone();
+        // Every request carries the peer's address.
+        let with_peer = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(PeerAddr(peer));
+            #[cfg(feature = "axum")]
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            let mut service = service.clone();
+            async move {
+                std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+                service.call(request).await
+            }
+        });
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), with_peer)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            }
+            drop(slot);
+        });
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+fn is_out_of_descriptors(e: &std::io::Error) -> bool {
+    // EMFILE (the process's limit) and ENFILE (the system's).
+    matches!(e.raw_os_error(), Some(24 | 23))
+}
+
+/// Open connections, in total and by client address.
+#[derive(Debug, Default)]
+struct OpenConnections {
+    by_ip: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+impl OpenConnections {
+    /// A place for one more connection from `ip`, if the limits leave one.
+    fn take(self: &Arc<Self>, ip: IpAddr, limits: &ConnectionLimits) -> Option<Slot> {
+        let mut guard = self.by_ip.lock().unwrap_or_else(PoisonError::into_inner);
+        let (total, by_ip) = &mut *guard;
+        let mine = by_ip.entry(ip).or_insert(0);
+        if *total >= limits.max_connections || *mine >= limits.max_per_ip {
+            if *mine == 0 {
+                by_ip.remove(&ip);
+            }
+            return None;
+        }
+        *mine += 1;
+        *total += 1;
+        Some(Slot {
+            open: Arc::clone(self),
+            ip,
+        })
+    }
+}
+
+/// One open connection's place; given back when dropped.
+#[derive(Debug)]
+struct Slot {
+    open: Arc<OpenConnections>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut guard = self
+            .open
+            .by_ip
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (total, by_ip) = &mut *guard;
+        *total = total.saturating_sub(1);
+        if let Some(n) = by_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                by_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Logs a repeated event at most once per [`LOG_EVERY`], with how often it happened between.
+#[derive(Debug, Default)]
+struct RateLimitedLog {
+    last: Option<Instant>,
+    since: u64,
+}
+
+impl RateLimitedLog {
+    fn log(&mut self, emit: impl FnOnce(u64)) {
+        self.since += 1;
+        if self.last.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            emit(self.since);
+            self.since = 0;
+            self.last = Some(Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_capped_in_total_and_per_address_and_given_back() {
+        let open = Arc::new(OpenConnections::default());
+        let limits = ConnectionLimits {
+            max_connections: 3,
+            max_per_ip: 2,
+            ..Default::default()
+        };
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            "10.0.0.3".parse().unwrap(),
+        );
+        let a1 = open.take(a, &limits).unwrap();
+        let _a2 = open.take(a, &limits).unwrap();
+        assert!(open.take(a, &limits).is_none(), "per address");
+        let _b1 = open.take(b, &limits).unwrap();
+        assert!(open.take(c, &limits).is_none(), "in total");
+        drop(a1);
+        assert!(
+            open.take(c, &limits).is_some(),
+            "a closed connection gives its place back"
+        );
+        // A refused address leaves nothing behind.
+        let guard = open.by_ip.lock().unwrap();
+        assert_eq!(guard.1.len(), 2, "{:?}", guard.1);
+    }
+
+    #[test]
+    fn a_repeated_event_is_logged_once_with_its_count() {
+        let mut log = RateLimitedLog::default();
+        let mut emitted = Vec::new();
+        for _ in 0..5 {
+            log.log(|n| emitted.push(n));
+        }
+        assert_eq!(emitted, [1]);
+        assert_eq!(log.since, 4);
+    }
 }

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use sluice_http::serve::ConnectionTimeouts;
+pub use sluice_http::serve::ConnectionLimits;
 use sluice_limiter::{HeaderStyle, Limiter, OpenStore, StoreSettings, store_url};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -54,7 +54,7 @@ pub struct ServeOptions {
     pub store_settings: StoreSettings,
     /// How long HTTP clients may take to send a request head, and how idle h2 connections
     /// (HTTP and gRPC) are checked.
-    pub timeouts: ConnectionTimeouts,
+    pub connections: ConnectionLimits,
 }
 
 impl ServeOptions {
@@ -70,7 +70,7 @@ impl ServeOptions {
             grpc_headers: HeaderStyle::None,
             reload_debounce: Duration::from_millis(250),
             store_settings: StoreSettings::default(),
-            timeouts: ConnectionTimeouts::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -150,7 +150,7 @@ impl Server {
             http,
             app,
             stopped.clone(),
-            options.timeouts,
+            options.connections,
         ));
 
         let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -159,7 +159,7 @@ impl Server {
             .await;
         let rls = grpc::RlsService::new(limiter.clone(), options.grpc_headers).into_server();
         let mut grpc_stop = stopped.clone();
-        let timeouts = options.timeouts;
+        let limits = options.connections;
         let grpc_task = tokio::spawn(async move {
             let incoming = tokio_stream_listener(grpc);
             let shutdown = async move {
@@ -167,8 +167,8 @@ impl Server {
             };
             // An h2 client that stops answering pings is dropped.
             let served = tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(timeouts.h2_keep_alive))
-                .http2_keepalive_timeout(Some(timeouts.h2_keep_alive))
+                .http2_keepalive_interval(Some(limits.h2_keep_alive))
+                .http2_keepalive_timeout(Some(limits.h2_keep_alive))
                 .add_service(health)
                 .add_service(rls)
                 .serve_with_incoming_shutdown(incoming, shutdown)

@@ -548,8 +548,14 @@ async fn health_readiness_and_metrics() {
     assert!(text.contains("sluice_rule_reload_failures_total 0"));
     assert!(text.contains(r#"sluice_build_info{version="#));
     // Limited counters are listed by a hash: their keys hold request values.
-    assert!(text.contains(r#"sluice_top_limited_keys{key_hash=""#), "{text}");
-    assert!(!text.contains("bot=evil}:"), "a counter key in /metrics: {text}");
+    assert!(
+        text.contains(r#"sluice_top_limited_keys{key_hash=""#),
+        "{text}"
+    );
+    assert!(
+        !text.contains("bot=evil}:"),
+        "a counter key in /metrics: {text}"
+    );
 }
 
 #[tokio::test]

@@ -31,12 +31,26 @@ pub(crate) struct ConnectionArgs {
     /// still open is closed and the process exits 0.
     #[arg(long, env = "SLUICE_SHUTDOWN_TIMEOUT", value_parser = parse_duration_or_error, default_value = "30s")]
     pub(crate) shutdown_timeout: Duration,
+    /// Open connections at most, per listener; more are closed as soon as they are accepted.
+    /// Lowered to fit the open-files limit, which is raised to its hard limit at start.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 16_384)]
+    pub(crate) max_connections: usize,
+    /// Open connections from one client address at most, per listener (raise it behind a load
+    /// balancer, whose few addresses carry every client).
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS_PER_IP", default_value_t = 1_024)]
+    pub(crate) max_connections_per_ip: usize,
 }
 
 impl ConnectionArgs {
-    pub(crate) fn timeouts(&self) -> sluice_http::serve::ConnectionTimeouts {
-        sluice_http::serve::ConnectionTimeouts {
+    /// The limits, with the total lowered to what the open-files limit allows: three
+    /// listeners may each fill it, and the process needs descriptors of its own (the store, the
+    /// upstream, the rule files).
+    pub(crate) fn limits(&self, open_files: u64) -> sluice_http::serve::ConnectionLimits {
+        let fits = usize::try_from(open_files.saturating_sub(256) / 3).unwrap_or(usize::MAX);
+        sluice_http::serve::ConnectionLimits {
             header_read: self.header_timeout,
+            max_connections: self.max_connections.min(fits.max(1)),
+            max_per_ip: self.max_connections_per_ip,
             ..Default::default()
         }
     }
@@ -148,6 +162,19 @@ pub(crate) fn run_until_stopped<T>(
     // Tasks still serving connections are dropped with the runtime; nothing waits on them.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// Raises the soft open-files limit to the hard one, as nginx and Envoy do: the soft limit is
+/// often 1,024 (systemd's default), which a few hundred idle clients exhaust. Returns the soft
+/// limit now in force.
+pub(crate) fn raise_open_files_limit() -> u64 {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-files limit");
+            rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
+        }
+    }
 }
 
 /// Starts logging and the async runtime, as every long-running command does.

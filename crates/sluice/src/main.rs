@@ -16,7 +16,8 @@ use sluice_rules::RuleSet;
 use sluice_server::{ServeOptions, Server};
 
 use crate::args::{
-    ConnectionArgs, Headers, LogArgs, RulesArgs, StoreArgs, run_until_stopped, start_runtime,
+    ConnectionArgs, Headers, LogArgs, RulesArgs, StoreArgs, raise_open_files_limit,
+    run_until_stopped, start_runtime,
 };
 
 /// The binary allocates per request on every path (headers, JSON, protobuf, keys); mimalloc's
@@ -166,10 +167,11 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = start_runtime(&args.log)?;
+    let open_files = raise_open_files_limit();
     let deadline = args.connections.shutdown_timeout;
     let start = async move {
         let mut options = ServeOptions::new(args.rules.config);
-        options.timeouts = args.connections.timeouts();
+        options.connections = args.connections.limits(open_files);
         options.reload_debounce = args.rules.reload_debounce;
         options.store_settings = args.store.settings();
         options.store = args.store.store;
@@ -189,10 +191,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let runtime = start_runtime(&args.log)?;
+    let open_files = raise_open_files_limit();
     let deadline = args.connections.shutdown_timeout;
     let start = async move {
         let mut options = GatewayOptions::new(args.rules.config, args.upstream);
-        options.timeouts = args.connections.timeouts();
+        options.connections = args.connections.limits(open_files);
         options.reload_debounce = args.rules.reload_debounce;
         options.store_settings = args.store.settings();
         options.store = args.store.store;

@@ -1,6 +1,7 @@
-//! Stopping and slow clients, with real processes: SIGTERM ends `serve` and `proxy` within the
-//! shutdown deadline whatever the clients hold open, and a client that trickles its request head
-//! is disconnected while others are served.
+//! Stopping, slow clients and too many connections, with real processes: SIGTERM ends `serve`
+//! and `proxy` within the shutdown deadline whatever the clients hold open, a client that
+//! trickles its request head is disconnected while others are served, and one address cannot
+//! hold more connections than its share.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -165,5 +166,58 @@ fn a_trickled_request_head_is_cut_off_while_others_are_served() {
     match slow.read_to_end(&mut rest) {
         Ok(_) => {}
         Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+}
+
+/// A GET /healthz on a new connection: `Some(status line)`, or `None` when the server closed
+/// the connection without answering.
+fn healthz(addr: &str) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer.lines().next().map(str::to_owned)
+}
+
+#[test]
+fn one_address_cannot_hold_more_than_its_share_of_connections() {
+    let (_dir, rules) = rules();
+    let (http, grpc) = (free_addr(), free_addr());
+    let _serve = spawn_listening(
+        env!("CARGO_BIN_EXE_sluice"),
+        &[
+            "serve",
+            "--config",
+            &rules,
+            "--http-addr",
+            &http,
+            "--grpc-addr",
+            &grpc,
+            "--header-timeout",
+            "1h",
+            "--max-connections-per-ip",
+            "3",
+        ],
+        &http,
+    );
+    // spawn_listening's own probe connection has come and gone; wait until its place is back.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while healthz(&http).is_none() {
+        assert!(Instant::now() < deadline, "the server never answered");
+    }
+    let mut idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&http).unwrap()).collect();
+    // A fourth connection from the same address is closed unanswered.
+    assert_eq!(healthz(&http), None);
+    // One idle client leaves: its place comes back, and a request is answered again.
+    idle.pop();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = healthz(&http) {
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the freed place never came back");
     }
 }
