@@ -75,9 +75,6 @@ pub enum InvalidRequest {
     /// No descriptors.
     #[error("`descriptors` is missing or empty; send at least one descriptor")]
     NoDescriptors,
-    /// A descriptor without entries.
-    #[error("`descriptors[{0}].entries` is empty; a descriptor needs at least one entry")]
-    EmptyDescriptor(usize),
     /// An entry without a key.
     #[error("`descriptors[{0}].entries[{1}].key` is empty")]
     EmptyKey(usize, usize),
@@ -124,9 +121,8 @@ impl LimitRequest {
             });
         }
         for (i, d) in self.descriptors.iter().enumerate() {
-            if d.entries.is_empty() {
-                return Err(InvalidRequest::EmptyDescriptor(i));
-            }
+            // A descriptor without entries matches no rule, so it is not limited: envoyproxy/
+            // ratelimit answers it `OK`, and so does Sluice.
             at_most(d.entries.len(), MAX_ENTRIES, || {
                 format!("descriptors[{i}].entries")
             })?;

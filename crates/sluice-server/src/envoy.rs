@@ -73,12 +73,25 @@ pub fn to_limit_request(req: RateLimitRequest) -> Result<LimitRequest, String> {
 }
 
 /// A [`Verdict`] as Envoy's response, for `descriptors` descriptors: each status describes the
-/// limit [`Verdict::status`] chooses. A descriptor refused only by a shadow (or soft) limit
-/// reads `OK` with nothing remaining, as envoyproxy/ratelimit answers in shadow mode.
+/// limit [`Verdict::status`] chooses, as envoyproxy/ratelimit answers:
+///
+/// - a descriptor that matched an `unlimited` rule: `OK`, `limit_remaining` 4294967295 and no
+///   `current_limit`;
+/// - a limit that refused the request: `limit_remaining` 0, whatever was left for a cheaper
+///   request (the native `/v1/check` keeps the true remainder);
+/// - a descriptor refused only by a shadow (or soft) limit: `OK` with nothing remaining;
+/// - a descriptor no rule matched (or with no entries): `OK`, nothing else.
 pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
     let statuses = (0..descriptors)
         .map(|i| {
             let status = verdict.status(i);
+            if status.limit.is_none() && verdict.unlimited.contains(&i) {
+                return DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..Default::default()
+                };
+            }
             let code = if status.refused {
                 Code::OverLimit
             } else {
@@ -101,7 +114,11 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
                         requests_per_unit: u32::try_from(c.decision.limit).unwrap_or(u32::MAX),
                         unit: envoy_unit(c.policy.window()) as i32,
                     }),
-                    limit_remaining: u32::try_from(c.decision.remaining).unwrap_or(u32::MAX),
+                    limit_remaining: if c.decision.allowed {
+                        u32::try_from(c.decision.remaining).unwrap_or(u32::MAX)
+                    } else {
+                        0
+                    },
                     duration_until_reset: Some(proto_duration(c.decision.reset_after)),
                     ..Default::default()
                 },

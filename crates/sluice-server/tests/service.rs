@@ -333,7 +333,6 @@ async fn invalid_grpc_requests_get_invalid_argument_with_a_reason() {
             "domain",
         ),
         (request(vec![]), "descriptors"),
-        (request(vec![descriptor(&[])]), "descriptors[0].entries"),
         (request(vec![descriptor(&[("", "v")])]), "key"),
         (
             request((0..65).map(|_| descriptor(&[("a", "b")])).collect()),
@@ -678,4 +677,77 @@ async fn invalid_rules_stop_the_start_with_their_location() {
         err.contains("rate_limit"),
         "suggests the right field: {err}"
     );
+}
+
+/// envoyproxy/ratelimit's answers, over gRPC and `POST /json` alike: an unlimited descriptor
+/// reports 4294967295 remaining and no limit; a refusal reports 0 remaining even when a cheaper
+/// request would still fit; a descriptor with no entries is not limited and not an error.
+#[tokio::test]
+async fn envoy_answer_rules_hold_on_grpc_and_json() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+
+    // Unlimited.
+    let r = client
+        .should_rate_limit(request(vec![descriptor(&[("health", "x")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    assert!(r.statuses[0].current_limit.is_none());
+    let body =
+        json!({"domain": "shop", "descriptors": [{"entries": [{"key": "health", "value": "x"}]}]});
+    let (status, j, _) = h.post("/json", &body).await;
+    assert_eq!(status, 200);
+    assert_eq!(j["statuses"][0]["limitRemaining"], json!(u32::MAX));
+    assert!(j["statuses"][0].get("currentLimit").is_none(), "{j}");
+
+    // Refused with room left for a cheaper request: 3 a minute, 2 used, a request of 2.
+    for (path, user) in [("grpc", "r1"), ("/json", "r2")] {
+        let one = |addend: u64| {
+            let mut req = request(vec![descriptor(&[("client", user)])]);
+            req.hits_addend = addend as u32;
+            req
+        };
+        if path == "grpc" {
+            client.should_rate_limit(one(2)).await.unwrap();
+            let r = client.should_rate_limit(one(2)).await.unwrap().into_inner();
+            assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+            assert_eq!(r.statuses[0].limit_remaining, 0, "over the limit reads 0");
+        } else {
+            let body = |n: u64| json!({"domain": "shop", "hits_addend": n, "descriptors": [{"entries": [{"key": "client", "value": user}]}]});
+            h.post("/json", &body(2)).await;
+            let (status, j, _) = h.post("/json", &body(2)).await;
+            assert_eq!(status, 429);
+            assert_eq!(j["statuses"][0]["code"], "OVER_LIMIT");
+            assert!(
+                j["statuses"][0].get("limitRemaining").is_none(),
+                "0, omitted: {j}"
+            );
+            // The native answer keeps the true remainder.
+            let (_, c, _) = h
+                .post("/v1/check", &json!({"domain": "shop", "cost": 2, "descriptors": [{"entries": [{"key": "client", "value": user}]}]}))
+                .await;
+            assert_eq!(c["descriptors"][0]["limits"][0]["remaining"], 1, "{c}");
+        }
+    }
+
+    // A descriptor with no entries beside a limited one: not limited, not an error.
+    let r = client
+        .should_rate_limit(request(vec![
+            RateLimitDescriptor::default(),
+            descriptor(&[("client", "e")]),
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses.len(), 2);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert!(r.statuses[0].current_limit.is_none());
+    assert_eq!(r.statuses[1].limit_remaining, 2);
+    let body = json!({"domain": "shop", "descriptors": [{"entries": []}]});
+    let (status, j, _) = h.post("/json", &body).await;
+    assert_eq!((status, j["overallCode"].clone()), (200, json!("OK")));
 }
