@@ -483,3 +483,54 @@ routes:
     );
     assert!(keys.contains("{gw|client_ip=127.0.0.1}"), "{keys}");
 }
+
+/// `SCRIPT FLUSH` and `FLUSHALL` while an instance is under load: every answer is a decision
+/// (200 or 429), and not one request needed `on_store_error`: a flushed script is loaded again,
+/// and flushed counters simply start afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_and_flushall_under_load_give_no_error_answers() {
+    let redis = Arc::new(RedisServer::start());
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(dir.path());
+    let instance = Instance::start(&rules, &redis.url(), &unique_prefix());
+    // Flushes alternate for as long as the load runs.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (redis, done) = (redis.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut flushes = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let command: &[&str] = if flushes % 2 == 0 {
+                    &["SCRIPT", "FLUSH"]
+                } else {
+                    &["FLUSHALL"]
+                };
+                assert!(redis.command(command).is_some(), "{command:?}");
+                flushes += 1;
+            }
+            flushes
+        })
+    };
+    // `admitted` panics on any answer other than 200 or 429.
+    let load = admitted(
+        std::slice::from_ref(&instance.http),
+        body(&[("token_bucket", "flush")]),
+        3_000,
+    )
+    .await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flushes = flusher.join().unwrap();
+    assert!(flushes >= 10, "only {flushes} flushes overlapped the load");
+    // FLUSHALL resets the counter: more than the limit of 50 got through in all.
+    assert!(load > 50, "{load}");
+    let metrics = reqwest::get(format!("{}/metrics", instance.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("sluice_store_errors_total 0"),
+        "requests fell back to on_store_error:\n{metrics}"
+    );
+}
