@@ -339,7 +339,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 };
             }
             if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 0) {
-                entry.expires = now.saturating_add(d.reset_after);
+                entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
             }
         }
         inner.over_admitted.fetch_add(over, Ordering::Relaxed);
@@ -451,16 +451,40 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
         self.check_local(checks)
     }
 
+    /// Decides locally, like a check. A key this instance has not seen yet is registered, so
+    /// that the next sync reads its global state; nothing is consumed.
     async fn peek(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {
-        let now = self.inner.clock.now();
-        let keys = lock(&self.inner.keys);
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let mut keys = lock(&inner.keys);
         let stored = keys
             .get(key)
             .filter(|e| e.policy == *policy)
             .map(|e| e.state);
-        decide(policy, stored.as_ref(), now, 0)
-            .map(|(_, d)| d)
-            .ok_or_else(|| StoreError::Rejected(format!("{} is not held", policy.algorithm())))
+        let Some((fresh, d)) = decide(policy, stored.as_ref(), now, 0) else {
+            return Err(StoreError::Rejected(
+                hybrid_supports(policy)
+                    .err()
+                    .map_or_else(String::new, |u| u.to_string()),
+            ));
+        };
+        // Long enough for the next syncs to read it.
+        let watch = now.saturating_add(inner.options.sync_interval * 4);
+        if let Some(e) = keys.get_mut(key).filter(|e| e.policy == *policy) {
+            e.expires = e.expires.max(watch);
+        } else if keys.len() < inner.options.max_keys {
+            keys.insert(
+                key.to_owned(),
+                Entry {
+                    policy: policy.clone(),
+                    state: fresh,
+                    pending: Vec::new(),
+                    quiet_until: Timestamp::EPOCH,
+                    expires: watch,
+                },
+            );
+        }
+        Ok(d)
     }
 
     async fn reset(&self, key: &str) -> StoreResult<bool> {

@@ -14,17 +14,27 @@ use sluice_redis::testing::{
     unique_prefix,
 };
 
-/// A hybrid store that syncs with Redis before every call.
-struct Syncing(HybridStore<FakeClock>);
+/// A hybrid store that syncs with Redis before every call, unless a sync is already on its way
+/// (as the background loop would be): so each decision is made on a state that went through
+/// Redis, and concurrent callers do not queue behind one sync each.
+struct Syncing(HybridStore<FakeClock>, tokio::sync::Mutex<()>);
+
+impl Syncing {
+    async fn sync(&self) {
+        if let Ok(_one) = self.1.try_lock() {
+            self.0.sync_now().await.expect("sync");
+        }
+    }
+}
 
 impl Store for Syncing {
     async fn check(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
-        self.0.sync_now().await.expect("sync");
+        self.sync().await;
         Store::check(&self.0, checks).await
     }
 
     async fn peek(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {
-        self.0.sync_now().await.expect("sync");
+        self.sync().await;
         Store::peek(&self.0, key, policy).await
     }
 
@@ -71,7 +81,7 @@ async fn on(url: String, port: u16) -> Hybrid {
     let store = HybridStore::with_clock(redis, HybridOptions::default(), clock.clone());
     Hybrid {
         clock,
-        store: Syncing(store),
+        store: Syncing(store, tokio::sync::Mutex::new(())),
     }
 }
 
