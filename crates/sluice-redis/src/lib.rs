@@ -37,6 +37,7 @@ mod keys;
 mod options;
 mod scripts;
 mod store;
+mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod url;
@@ -45,4 +46,5 @@ pub use breaker::BreakerState;
 pub use error::ConnectError;
 pub use options::RedisOptions;
 pub use store::{RedisStats, RedisStore, supports};
+pub use sync::{GlobalState, SyncEntry, hybrid_supports};
 pub use url::{RedisUrl, Topology};

@@ -207,8 +207,21 @@ impl RedisStore {
         app_now(offset.saturating_add(self.inner.app_skew.load(Ordering::Relaxed)))
     }
 
+    /// Whether the store is on a Cluster, where calls are split by slot.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.inner.cluster
+    }
+
+    /// The connection, for calls made outside this file (the hybrid sync).
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.inner.conn
+    }
+
     /// Runs `call` through the breaker and the timeout, and records how it went.
-    async fn guarded<T>(&self, call: impl Future<Output = RedisResult<T>>) -> StoreResult<T> {
+    pub(crate) async fn guarded<T>(
+        &self,
+        call: impl Future<Output = RedisResult<T>>,
+    ) -> StoreResult<T> {
         let inner = &self.inner;
         let Some(permit) = inner.breaker.admit() else {
             return Err(StoreError::Unavailable(format!(

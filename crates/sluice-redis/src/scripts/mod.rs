@@ -79,7 +79,7 @@
 //! distinct arrival time, oldest first. Every write sets the key's TTL to when the counter is
 //! full again, plus a second, so that idle counters vanish.
 
-mod algorithm;
+pub(crate) mod algorithm;
 pub(crate) mod args;
 pub(crate) mod exact;
 mod load;
@@ -119,3 +119,8 @@ pub(crate) static CHECK: LazyLock<Script> =
 /// Returns the number of checks given back.
 pub(crate) static REFUND: LazyLock<Script> =
     LazyLock::new(|| Script::assemble(include_str!("lua/refund.lua")));
+
+/// The hybrid store's sync: pushes each key's locally admitted units and returns its global
+/// state; see `lua/sync.lua` for `KEYS`, `ARGV` and the reply, and `crate::sync` for the caller.
+pub(crate) static SYNC: LazyLock<Script> =
+    LazyLock::new(|| Script::assemble(include_str!("lua/sync.lua")));

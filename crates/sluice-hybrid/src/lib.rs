@@ -1,0 +1,503 @@
+//! The hybrid store for Sluice: every decision is made in this process, from the last known
+//! global count plus this instance's own unsynchronised usage, and a background sync pushes the
+//! usage to Redis and brings back the global state, in one atomic Lua call per Cluster slot per
+//! interval. A key known to be over its limit is answered locally until its reset, and costs
+//! Redis nothing.
+//!
+//! `docs/hybrid-store.md` gives the design, the error bound and what happens on a partition.
+//!
+//! ```no_run
+//! use sluice_core::{Check, Gcra, Policy, Rate, Store};
+//! use sluice_hybrid::{HybridOptions, HybridStore};
+//! use sluice_redis::{RedisOptions, RedisStore};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let redis = RedisStore::connect("redis://127.0.0.1:6379", RedisOptions::default()).await?;
+//! let store = HybridStore::new(redis, HybridOptions::default());
+//! let _sync = store.spawn_sync();
+//! let policy = Policy::from(Gcra::new(Rate::per_second(10), 20)?);
+//! let decisions = store.check(&[Check::new("api|user=alice", &policy, 1)]).await?;
+//! assert!(decisions[0].allowed);
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod local;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use local::{Local, add_units, decide, from_global, over_limit, window_end};
+use sluice_core::{
+    Check, Clock, Decision, Policy, Store, StoreError, StoreResult, SystemClock, Timestamp,
+    UnsupportedPolicy,
+};
+use sluice_redis::{GlobalState, RedisStats, RedisStore, SyncEntry, hybrid_supports};
+
+/// How a hybrid store syncs, and how much it keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HybridOptions {
+    /// Time between two syncs. The error bound grows with it (see `docs/hybrid-store.md`).
+    pub sync_interval: Duration,
+    /// The most keys in one script call; a slot with more keys takes several calls, sent
+    /// together.
+    pub batch: usize,
+    /// The most keys tracked locally. Each key's unsynchronised units live in its entry, so this
+    /// also bounds what is kept while Redis is away.
+    pub max_keys: usize,
+}
+
+impl Default for HybridOptions {
+    fn default() -> Self {
+        HybridOptions {
+            sync_interval: Duration::from_millis(20),
+            batch: 512,
+            max_keys: 100_000,
+        }
+    }
+}
+
+/// One key's entry: its local state, and what it owes the global count.
+#[derive(Debug)]
+struct Entry {
+    policy: Policy,
+    state: Local,
+    /// Units admitted here and not yet in Redis, by the end of the window they were counted in
+    /// (for the bucket algorithms: one batch, by the time of its latest unit). At most two windows: the current one and, for the
+    /// sliding counter, the one before.
+    pending: Vec<(Timestamp, u64)>,
+    /// The negative cache: until then, the key is known to refuse even one unit, and the sync
+    /// leaves it alone unless it has units to push.
+    quiet_until: Timestamp,
+    /// When the counter is full again: after that, and with nothing pending, the entry can go.
+    expires: Timestamp,
+}
+
+impl Entry {
+    fn add_pending(&mut self, end: Timestamp, units: u64, dropped: &AtomicU64) {
+        if is_bucket(&self.policy) {
+            // One batch per key, dated by its latest unit: the sync counts the batch as admitted
+            // then, so that refill since is not taken from it.
+            match self.pending.first_mut() {
+                Some((e, u)) => {
+                    *e = (*e).max(end);
+                    *u = u.saturating_add(units);
+                }
+                None => self.pending.push((end, units)),
+            }
+            return;
+        }
+        match self.pending.iter_mut().find(|(e, _)| *e == end) {
+            Some((_, u)) => *u = u.saturating_add(units),
+            None => {
+                self.pending.push((end, units));
+                self.pending.sort_by_key(|(e, _)| *e);
+                if self.pending.len() > 2 {
+                    let (_, old) = self.pending.remove(0);
+                    dropped.fetch_add(old, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn pending_units(&self) -> u64 {
+        self.pending.iter().map(|(_, u)| u).sum()
+    }
+}
+
+/// Health and accuracy figures of a hybrid store, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HybridStats {
+    /// Time since the last successful sync: how stale the global counts may be.
+    pub sync_lag: Duration,
+    /// Units admitted here and not yet in Redis.
+    pub pending_units: u64,
+    /// Keys with units not yet in Redis.
+    pub pending_keys: usize,
+    /// Keys in the negative cache: answered locally, and not read from Redis, until their reset.
+    pub negative_cached: usize,
+    /// Keys tracked locally.
+    pub keys: usize,
+    /// Units over the limit that the last syncs found admitted in all (summed over keys at each
+    /// sync): the estimate of over-admission.
+    pub over_admitted: u64,
+    /// Successful syncs.
+    pub syncs: u64,
+    /// Failed syncs (Redis away or slow): their units were kept for the next.
+    pub sync_failures: u64,
+    /// Units dropped unsynchronised: a window that ended before Redis was reached.
+    pub dropped_units: u64,
+    /// The Redis store's own figures: breaker state and the like.
+    pub redis: RedisStats,
+}
+
+/// Local decisions over a global count kept in Redis. Cheap to clone.
+#[derive(Clone)]
+pub struct HybridStore<C: Clock = SystemClock> {
+    inner: Arc<Inner<C>>,
+}
+
+struct Inner<C> {
+    redis: RedisStore,
+    clock: C,
+    options: HybridOptions,
+    keys: Mutex<HashMap<String, Entry>>,
+    /// One sync at a time, so that a slow sync and the next never push the same units.
+    syncing: tokio::sync::Mutex<()>,
+    last_sync: AtomicU64,
+    syncs: AtomicU64,
+    sync_failures: AtomicU64,
+    over_admitted: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl<C: Clock> std::fmt::Debug for HybridStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HybridStore")
+            .field("redis", &self.inner.redis)
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}
+
+impl HybridStore<SystemClock> {
+    /// A hybrid store over `redis` on the system clock. Call [`HybridStore::spawn_sync`] to sync
+    /// in the background.
+    pub fn new(redis: RedisStore, options: HybridOptions) -> Self {
+        Self::with_clock(redis, options, SystemClock::new())
+    }
+}
+
+impl<C: Clock + 'static> HybridStore<C> {
+    /// A hybrid store whose local decisions read `clock`: tests pass a `FakeClock` and call
+    /// [`HybridStore::sync_now`] instead of waiting for the interval.
+    pub fn with_clock(redis: RedisStore, options: HybridOptions, clock: C) -> Self {
+        let now = clock.now().as_nanos();
+        HybridStore {
+            inner: Arc::new(Inner {
+                redis,
+                clock,
+                options,
+                keys: Mutex::new(HashMap::new()),
+                syncing: tokio::sync::Mutex::new(()),
+                last_sync: AtomicU64::new(now),
+                syncs: AtomicU64::new(0),
+                sync_failures: AtomicU64::new(0),
+                over_admitted: AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The Redis store the counts are synced to.
+    pub fn redis(&self) -> &RedisStore {
+        &self.inner.redis
+    }
+
+    /// The options.
+    pub fn options(&self) -> &HybridOptions {
+        &self.inner.options
+    }
+
+    /// Syncs every [`HybridOptions::sync_interval`] on the current Tokio runtime, until the
+    /// store is dropped (the task holds only a weak reference) or the handle is aborted.
+    pub fn spawn_sync(&self) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<Inner<C>> = Arc::downgrade(&self.inner);
+        let interval = self.inner.options.sync_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let _ = (HybridStore { inner }).sync_now().await;
+            }
+        })
+    }
+
+    /// Figures for metrics.
+    pub fn stats(&self) -> HybridStats {
+        let inner = &self.inner;
+        let keys = lock(&inner.keys);
+        let now = inner.clock.now();
+        let pending_keys = keys.values().filter(|e| !e.pending.is_empty()).count();
+        HybridStats {
+            sync_lag: now.saturating_since(Timestamp::from_nanos(
+                inner.last_sync.load(Ordering::Relaxed),
+            )),
+            pending_units: keys.values().map(Entry::pending_units).sum(),
+            pending_keys,
+            negative_cached: keys.values().filter(|e| e.quiet_until > now).count(),
+            keys: keys.len(),
+            over_admitted: inner.over_admitted.load(Ordering::Relaxed),
+            syncs: inner.syncs.load(Ordering::Relaxed),
+            sync_failures: inner.sync_failures.load(Ordering::Relaxed),
+            dropped_units: inner.dropped.load(Ordering::Relaxed),
+            redis: inner.redis.stats(),
+        }
+    }
+
+    /// Pushes every key's unsynchronised units to Redis and brings back every tracked key's
+    /// global state, except keys in the negative cache with nothing to push. On failure the units
+    /// stay pending for the next sync and local decisions go on.
+    pub async fn sync_now(&self) -> StoreResult<()> {
+        let inner = &self.inner;
+        let _one = inner.syncing.lock().await;
+        let now = inner.clock.now();
+        let mut entries: Vec<SyncEntry> = Vec::new();
+        {
+            let mut keys = lock(&inner.keys);
+            keys.retain(|_, e| !e.pending.is_empty() || e.expires > now);
+            for (key, e) in keys.iter_mut() {
+                if e.pending.is_empty() {
+                    if e.quiet_until > now {
+                        continue;
+                    }
+                    entries.push(SyncEntry {
+                        key: key.clone(),
+                        policy: e.policy.clone(),
+                        units: 0,
+                        to_end_nanos: 0,
+                    });
+                    continue;
+                }
+                for (end, units) in e.pending.drain(..) {
+                    let to_end = i128::from(end.as_nanos()) - i128::from(now.as_nanos());
+                    entries.push(SyncEntry {
+                        key: key.clone(),
+                        policy: e.policy.clone(),
+                        units,
+                        to_end_nanos: i64::try_from(to_end).unwrap_or(i64::MIN),
+                    });
+                }
+            }
+        }
+        if entries.is_empty() {
+            inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
+            return Ok(());
+        }
+        match inner.redis.sync_batch(&entries, inner.options.batch).await {
+            Ok(states) => {
+                self.apply(&entries, &states);
+                inner.syncs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                inner.sync_failures.fetch_add(1, Ordering::Relaxed);
+                let mut keys = lock(&inner.keys);
+                let now = inner.clock.now();
+                for s in entries.into_iter().filter(|s| s.units > 0) {
+                    let Some(entry) = keys.get_mut(&s.key) else {
+                        continue;
+                    };
+                    let at = i128::from(now.as_nanos()) + i128::from(s.to_end_nanos);
+                    let end = Timestamp::from_nanos(u64::try_from(at.max(1)).unwrap_or(u64::MAX));
+                    entry.add_pending(end, s.units, &inner.dropped);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Lays the global states a sync returned under each key's units admitted since.
+    fn apply(&self, entries: &[SyncEntry], states: &[GlobalState]) {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let mut keys = lock(&inner.keys);
+        let mut over = 0u64;
+        // A key pushed in two windows appears twice; its last reply is the latest state.
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (i, s) in entries.iter().enumerate() {
+            last.insert(&s.key, i);
+        }
+        for (key, i) in last {
+            let (sent, global) = (&entries[i], states[i]);
+            over = over.saturating_add(over_limit(&sent.policy, global));
+            let Some(entry) = keys.get_mut(key) else {
+                continue; // reset while the sync was on its way
+            };
+            if entry.policy != sent.policy {
+                continue;
+            }
+            let Some(mut state) = from_global(&entry.policy, global, Some(&entry.state), now)
+            else {
+                continue;
+            };
+            for &(end, units) in &entry.pending {
+                add_units(&entry.policy, &mut state, end, units, now);
+            }
+            entry.state = state;
+            if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 1) {
+                entry.quiet_until = if d.allowed || d.retry_after == Decision::NEVER {
+                    Timestamp::EPOCH
+                } else {
+                    now.saturating_add(d.retry_after)
+                };
+            }
+            if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 0) {
+                entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
+            }
+        }
+        inner.over_admitted.fetch_add(over, Ordering::Relaxed);
+        inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
+    }
+
+    /// Decides every check locally, all or nothing.
+    fn check_local(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let mut keys = lock(&inner.keys);
+        // Room for the keys this request would create, made before anything is decided.
+        let new = checks
+            .iter()
+            .filter(|c| c.cost > 0 && !keys.contains_key(c.key))
+            .count();
+        if new > 0 && keys.len() + new > inner.options.max_keys {
+            keys.retain(|_, e| !e.pending.is_empty() || e.expires > now);
+            if keys.len() + new > inner.options.max_keys {
+                return Err(StoreError::Full {
+                    max_keys: inner.options.max_keys,
+                });
+            }
+        }
+        // Each check sees what the earlier checks of this request would leave on its key.
+        let mut after: Vec<(&str, &Policy, Local)> = Vec::with_capacity(checks.len());
+        let mut decisions = Vec::with_capacity(checks.len());
+        for c in checks {
+            let earlier = after
+                .iter()
+                .rev()
+                .find(|(k, p, _)| *k == c.key && *p == c.policy);
+            let stored = match earlier {
+                Some((_, _, s)) => Some(*s),
+                None => keys
+                    .get(c.key)
+                    .filter(|e| e.policy == *c.policy)
+                    .map(|e| e.state),
+            };
+            let Some((state, d)) = decide(c.policy, stored.as_ref(), now, c.cost) else {
+                return Err(StoreError::Rejected(
+                    hybrid_supports(c.policy)
+                        .err()
+                        .map_or_else(String::new, |u| u.to_string()),
+                ));
+            };
+            if d.allowed && c.cost > 0 {
+                after.push((c.key, c.policy, state));
+            }
+            decisions.push(d);
+        }
+        if !decisions.iter().all(|d| d.allowed) {
+            return Ok(sluice_core::unconsumed(checks, decisions));
+        }
+        for (c, d) in checks.iter().zip(&decisions) {
+            if c.cost == 0 {
+                continue;
+            }
+            let Some(&(_, _, state)) = after.iter().find(|(k, p, _)| *k == c.key && *p == c.policy)
+            else {
+                continue;
+            };
+            let end = if is_bucket(c.policy) {
+                now
+            } else {
+                window_end(c.policy, &state)
+            };
+            let entry = keys.entry(c.key.to_owned()).or_insert_with(|| Entry {
+                policy: c.policy.clone(),
+                state,
+                pending: Vec::new(),
+                quiet_until: Timestamp::EPOCH,
+                expires: now,
+            });
+            if entry.policy != *c.policy {
+                // The key's policy changed with the rules: start it afresh.
+                entry.policy = c.policy.clone();
+                entry.pending.clear();
+            }
+            entry.state = state;
+            entry.add_pending(end, c.cost, &inner.dropped);
+            entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
+        }
+        // A key repeated in the request keeps the state its last check left.
+        for (k, p, state) in after.iter().rev() {
+            if let Some(e) = keys.get_mut(*k) {
+                if e.policy == **p {
+                    e.state = *state;
+                    break;
+                }
+            }
+        }
+        Ok(decisions)
+    }
+}
+
+/// Whether `policy` is a bucket (token bucket or GCRA), whose units are dated by when they were
+/// admitted rather than by a window.
+fn is_bucket(policy: &Policy) -> bool {
+    matches!(policy, Policy::TokenBucket(_) | Policy::Gcra(_))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<C: Clock + 'static> Store for HybridStore<C> {
+    async fn check(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
+        self.check_local(checks)
+    }
+
+    /// Decides locally, like a check. A key this instance has not seen yet is registered, so
+    /// that the next sync reads its global state; nothing is consumed.
+    async fn peek(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let mut keys = lock(&inner.keys);
+        let stored = keys
+            .get(key)
+            .filter(|e| e.policy == *policy)
+            .map(|e| e.state);
+        let Some((fresh, d)) = decide(policy, stored.as_ref(), now, 0) else {
+            return Err(StoreError::Rejected(
+                hybrid_supports(policy)
+                    .err()
+                    .map_or_else(String::new, |u| u.to_string()),
+            ));
+        };
+        // Long enough for the next syncs to read it.
+        let watch = now.saturating_add(inner.options.sync_interval * 4);
+        if let Some(e) = keys.get_mut(key).filter(|e| e.policy == *policy) {
+            e.expires = e.expires.max(watch);
+        } else if keys.len() < inner.options.max_keys {
+            keys.insert(
+                key.to_owned(),
+                Entry {
+                    policy: policy.clone(),
+                    state: fresh,
+                    pending: Vec::new(),
+                    quiet_until: Timestamp::EPOCH,
+                    expires: watch,
+                },
+            );
+        }
+        Ok(d)
+    }
+
+    async fn reset(&self, key: &str) -> StoreResult<bool> {
+        let local = lock(&self.inner.keys).remove(key).is_some();
+        let global = self.inner.redis.reset_hybrid(key).await?;
+        Ok(local || global)
+    }
+
+    fn tracked_keys(&self) -> Option<usize> {
+        Some(lock(&self.inner.keys).len())
+    }
+
+    fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
+        hybrid_supports(policy)
+    }
+}

@@ -1,0 +1,240 @@
+//! One key's local state: the core algorithm's own state on this instance's clock, rebuilt from
+//! the global state after each sync, with the units admitted since laid on top.
+
+use std::time::Duration;
+
+use sluice_core::{
+    Decision, FixedWindowState, Policy, SlidingCounterState, Timestamp, TokenBucketState,
+};
+use sluice_redis::GlobalState;
+
+/// A counter's state in the form the core algorithms decide on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Local {
+    TokenBucket(TokenBucketState),
+    Gcra(Timestamp),
+    FixedWindow(FixedWindowState),
+    SlidingCounter(SlidingCounterState),
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn ceil_mul_div(a: u64, b: u64, c: u64) -> u64 {
+    let c = u128::from(c.max(1));
+    let p = u128::from(a) * u128::from(b);
+    u64::try_from(p.div_ceil(c)).unwrap_or(u64::MAX)
+}
+
+/// Whether two window ends name the same window of length `window`: within half a window of
+/// each other, which absorbs clock differences and latency between instance and Redis.
+fn same_window(a: Timestamp, b: Timestamp, window: u64) -> bool {
+    a.as_nanos().abs_diff(b.as_nanos()).saturating_mul(2) < window
+}
+
+/// Decides a request of `cost` on `state` (none: a fresh key) with the core's pure functions.
+/// Returns the state to keep if the request is admitted. `None` for a policy the hybrid store
+/// does not hold.
+pub(crate) fn decide(
+    policy: &Policy,
+    state: Option<&Local>,
+    now: Timestamp,
+    cost: u64,
+) -> Option<(Local, Decision)> {
+    Some(match policy {
+        Policy::TokenBucket(p) => {
+            let s = match state {
+                Some(Local::TokenBucket(s)) => *s,
+                _ => p.initial(now),
+            };
+            let (s, d) = p.decide(s, now, cost);
+            (Local::TokenBucket(s), d)
+        }
+        Policy::Gcra(p) => {
+            let s = match state {
+                Some(Local::Gcra(s)) => *s,
+                _ => Timestamp::EPOCH,
+            };
+            let (s, d) = p.decide(s, now, cost);
+            (Local::Gcra(s), d)
+        }
+        Policy::FixedWindow(p) => {
+            let s = match state {
+                Some(Local::FixedWindow(s)) => *s,
+                _ => FixedWindowState::default(),
+            };
+            let (s, d) = p.decide(s, now, cost);
+            (Local::FixedWindow(s), d)
+        }
+        Policy::SlidingCounter(p) => {
+            let s = match state {
+                Some(Local::SlidingCounter(s)) => *s,
+                _ => SlidingCounterState::default(),
+            };
+            let (s, d) = p.decide(s, now, cost);
+            (Local::SlidingCounter(s), d)
+        }
+        Policy::SlidingLog(_) | Policy::LeakyQueue(_) | Policy::BucketedWindow(_) => return None,
+    })
+}
+
+/// The end of the window `state` counts in, for the windowed algorithms; the epoch otherwise.
+pub(crate) fn window_end(policy: &Policy, state: &Local) -> Timestamp {
+    match (policy, state) {
+        (Policy::FixedWindow(p), Local::FixedWindow(s)) => s.start.saturating_add(p.window()),
+        (Policy::SlidingCounter(p), Local::SlidingCounter(s)) => s.start.saturating_add(p.window()),
+        _ => Timestamp::EPOCH,
+    }
+}
+
+/// The local state that `global`, read at `now`, describes.
+pub(crate) fn from_global(
+    policy: &Policy,
+    global: GlobalState,
+    current: Option<&Local>,
+    now: Timestamp,
+) -> Option<Local> {
+    match (policy, global) {
+        (Policy::FixedWindow(p), GlobalState::Window { count, to_end }) => {
+            let window = nanos(p.window());
+            if count == 0 || to_end.is_zero() {
+                return Some(Local::FixedWindow(FixedWindowState::default()));
+            }
+            let end = now.saturating_add(to_end);
+            // On clock-aligned windows the core finds the window on this clock: keep its start,
+            // so that a Redis clock a little ahead does not read as a window of its own.
+            let local_start = match p.alignment() {
+                sluice_core::Alignment::Clock { .. } => p.window_start(Timestamp::EPOCH, now),
+                sluice_core::Alignment::FirstRequest => {
+                    Timestamp::from_nanos(end.as_nanos().saturating_sub(window))
+                }
+            };
+            let local_end = local_start.saturating_add(p.window());
+            if same_window(end, local_end, window) {
+                Some(Local::FixedWindow(FixedWindowState {
+                    start: local_start,
+                    count,
+                }))
+            } else {
+                // Redis and this clock are in different windows: keep what this instance knows.
+                current.copied()
+            }
+        }
+        (
+            Policy::SlidingCounter(p),
+            GlobalState::Sliding {
+                current: cur,
+                previous,
+                to_end,
+            },
+        ) => {
+            let window = nanos(p.window());
+            let n = now.as_nanos();
+            let start = Timestamp::from_nanos(n - n % window);
+            let end = now.saturating_add(to_end);
+            let fit = |current: u64, previous: u64| {
+                Some(Local::SlidingCounter(SlidingCounterState {
+                    start,
+                    current: u32::try_from(current).unwrap_or(u32::MAX),
+                    previous: u32::try_from(previous).unwrap_or(u32::MAX),
+                }))
+            };
+            if same_window(end, start.saturating_add(p.window()), window) {
+                fit(cur, previous)
+            } else if same_window(end, start, window) {
+                // Redis has not yet rolled into this clock's window.
+                fit(0, cur)
+            } else {
+                current.copied()
+            }
+        }
+        (Policy::TokenBucket(p), GlobalState::Backlog(b)) => {
+            let per = nanos(p.rate().per());
+            let amount = p.rate().amount().max(1);
+            let b = nanos(b);
+            let missing = ceil_mul_div(b, amount, per).min(p.capacity());
+            // The bucket holds `capacity - missing` whole tokens at `last`, and is full at
+            // `now + b`; a backlog past the capacity (debt) puts `last` after now.
+            let full_after_last = ceil_mul_div(missing, per, amount);
+            let last =
+                (i128::from(now.as_nanos()) + i128::from(b) - i128::from(full_after_last)).max(0);
+            Some(Local::TokenBucket(TokenBucketState {
+                tokens: p.capacity() - missing,
+                last: Timestamp::from_nanos(u64::try_from(last).unwrap_or(u64::MAX)),
+            }))
+        }
+        (Policy::Gcra(_), GlobalState::Backlog(b)) => Some(Local::Gcra(now.saturating_add(b))),
+        _ => None,
+    }
+}
+
+/// `state` with `units` more admitted at `now`, counted in the window ending at `end`: what
+/// this instance admitted while a sync was on its way, laid over the state the sync returned.
+pub(crate) fn add_units(
+    policy: &Policy,
+    state: &mut Local,
+    end: Timestamp,
+    units: u64,
+    now: Timestamp,
+) {
+    match (policy, state) {
+        (Policy::FixedWindow(p), Local::FixedWindow(s)) => {
+            let window = nanos(p.window());
+            if s.count == 0 {
+                s.start = Timestamp::from_nanos(end.as_nanos().saturating_sub(window));
+                s.count = units;
+            } else if same_window(s.start.saturating_add(p.window()), end, window) {
+                s.count = s.count.saturating_add(units);
+            }
+        }
+        (Policy::SlidingCounter(p), Local::SlidingCounter(s)) => {
+            let window = nanos(p.window());
+            let units = u32::try_from(units).unwrap_or(u32::MAX);
+            if same_window(s.start.saturating_add(p.window()), end, window) {
+                s.current = s.current.saturating_add(units);
+            } else if same_window(s.start, end, window) {
+                s.previous = s.previous.saturating_add(units);
+            }
+        }
+        (Policy::TokenBucket(p), Local::TokenBucket(s)) => {
+            let deficit = units.saturating_sub(s.tokens);
+            s.tokens = s.tokens.saturating_sub(units);
+            if deficit > 0 {
+                let per = nanos(p.rate().per());
+                let late = ceil_mul_div(deficit, per, p.rate().amount().max(1));
+                s.last = s.last.max(now).saturating_add(Duration::from_nanos(late));
+            }
+        }
+        (Policy::Gcra(p), Local::Gcra(tat)) => {
+            let at = (*tat).max(now);
+            let step = nanos(p.emission_interval()).saturating_mul(units);
+            *tat = at.saturating_add(Duration::from_nanos(step));
+        }
+        _ => {}
+    }
+}
+
+/// Units admitted beyond the limit, as the global state shows them: for the over-admission
+/// estimate.
+pub(crate) fn over_limit(policy: &Policy, global: GlobalState) -> u64 {
+    match (policy, global) {
+        (Policy::FixedWindow(p), GlobalState::Window { count, .. }) => {
+            count.saturating_sub(p.limit())
+        }
+        (Policy::SlidingCounter(p), GlobalState::Sliding { current, .. }) => {
+            current.saturating_sub(p.limit())
+        }
+        (Policy::TokenBucket(p), GlobalState::Backlog(b)) => {
+            let per = nanos(p.rate().per());
+            let amount = p.rate().amount().max(1);
+            (u128::from(nanos(b)) * u128::from(amount) / u128::from(per.max(1)))
+                .try_into()
+                .map_or(u64::MAX, |m: u64| m.saturating_sub(p.capacity()))
+        }
+        (Policy::Gcra(p), GlobalState::Backlog(b)) => {
+            (nanos(b) / nanos(p.emission_interval()).max(1)).saturating_sub(p.burst())
+        }
+        _ => 0,
+    }
+}

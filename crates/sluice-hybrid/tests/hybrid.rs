@@ -1,0 +1,289 @@
+//! What the hybrid store promises beyond the shared suite: instances share one limit through
+//! Redis, a unit stays in the window it was counted in, a key over its limit costs Redis
+//! nothing, and decisions go on while Redis is away, with their units reconciled when it
+//! returns. Time moves by a fake clock and explicit syncs, never by sleeping.
+
+use std::time::Duration;
+
+use sluice_core::{
+    Alignment, Check, FakeClock, FixedWindow, Gcra, Policy, Rate, SlidingCounter, Store, Timestamp,
+    TokenBucket,
+};
+use sluice_hybrid::{HybridOptions, HybridStore};
+use sluice_redis::RedisStore;
+use sluice_redis::testing::{
+    RedisServer, eventually, offset_to_window_start, redis_time_nanos, test_options, unique_prefix,
+};
+
+/// `n` hybrid stores ("instances") on the Redis at `port`, sharing one prefix, each on the same
+/// fake clock, which starts 20 ms into a minute of the stores' Redis time.
+async fn instances(port: u16, n: usize) -> (FakeClock, Vec<HybridStore<FakeClock>>) {
+    let url = format!("redis://127.0.0.1:{port}");
+    let prefix = unique_prefix();
+    let offset = offset_to_window_start(port, Duration::from_secs(60));
+    let start = u64::try_from(redis_time_nanos(port) + offset).unwrap();
+    let clock = FakeClock::at(Timestamp::from_nanos(start));
+    let mut stores = Vec::new();
+    for _ in 0..n {
+        let options = test_options()
+            .prefix(prefix.clone())
+            .timeout(Duration::from_millis(500))
+            .breaker_cool_down(Duration::from_millis(1));
+        let redis = RedisStore::connect(&url, options).await.unwrap();
+        redis.set_time_offset(offset);
+        stores.push(HybridStore::with_clock(
+            redis,
+            HybridOptions::default(),
+            clock.clone(),
+        ));
+    }
+    (clock, stores)
+}
+
+fn advance(clock: &FakeClock, stores: &[HybridStore<FakeClock>], d: Duration) {
+    clock.advance(d);
+    for s in stores {
+        s.redis().advance_time(d);
+    }
+}
+
+/// Every instance learns of `key`, and reads its global state: what an instance that has served
+/// a key for a while knows. (An instance's first request on a key is decided on a fresh counter:
+/// see the error bound in `docs/hybrid-store.md`.)
+async fn warm(stores: &[HybridStore<FakeClock>], key: &str, policy: &Policy) {
+    for s in stores {
+        s.peek(key, policy).await.unwrap();
+        s.sync_now().await.unwrap();
+    }
+}
+
+async fn admitted(store: &HybridStore<FakeClock>, key: &str, policy: &Policy, n: u64) -> u64 {
+    let mut ok = 0;
+    for _ in 0..n {
+        let d = store.check(&[Check::new(key, policy, 1)]).await.unwrap();
+        ok += u64::from(d[0].allowed);
+    }
+    ok
+}
+
+fn supported() -> Vec<Policy> {
+    let minute = Duration::from_secs(60);
+    vec![
+        FixedWindow::new(100, minute, Alignment::Clock { utc_offset_secs: 0 })
+            .unwrap()
+            .into(),
+        FixedWindow::new(100, minute, Alignment::FirstRequest)
+            .unwrap()
+            .into(),
+        SlidingCounter::new(100, minute).unwrap().into(),
+        TokenBucket::new(100, Rate::per_minute(1)).unwrap().into(),
+        Gcra::new(Rate::per_minute(1), 100).unwrap().into(),
+    ]
+}
+
+/// Three instances share one limit: what one admitted, the others see after a sync, and the
+/// total never passes the limit when every instance syncs between bursts.
+#[tokio::test]
+async fn instances_share_one_limit_after_a_sync() {
+    let server = RedisServer::start();
+    let (_clock, stores) = instances(server.port, 3).await;
+    for p in supported() {
+        let key = format!("shared:{p:?}");
+        warm(&stores, &key, &p).await;
+        let mut total = 0;
+        for round in 0..6 {
+            let s = &stores[round % 3];
+            total += admitted(s, &key, &p, 30).await;
+            // The instance that admitted pushes first; the others then read.
+            s.sync_now().await.unwrap();
+            for s in &stores {
+                s.sync_now().await.unwrap();
+            }
+        }
+        assert_eq!(total, 100, "{}", p.algorithm());
+        for s in &stores {
+            let d = s.peek(&key, &p).await.unwrap();
+            assert_eq!(
+                d.remaining,
+                0,
+                "{} everyone sees the limit used",
+                p.algorithm()
+            );
+        }
+    }
+}
+
+/// Between syncs each instance may admit up to the limit on its own: the error the design
+/// bounds. After one sync, the over-admission is known, counted, and paid back (buckets) or
+/// refused until the window ends (windows).
+#[tokio::test]
+async fn over_admission_between_syncs_is_bounded_and_then_refused() {
+    let server = RedisServer::start();
+    let (_clock, stores) = instances(server.port, 2).await;
+    let p: Policy = FixedWindow::new(10, Duration::from_secs(60), Alignment::FirstRequest)
+        .unwrap()
+        .into();
+    assert_eq!(admitted(&stores[0], "burst", &p, 10).await, 10);
+    assert_eq!(admitted(&stores[1], "burst", &p, 10).await, 10);
+    for s in &stores {
+        s.sync_now().await.unwrap();
+    }
+    for s in &stores {
+        assert_eq!(admitted(s, "burst", &p, 5).await, 0);
+        s.sync_now().await.unwrap();
+    }
+    let over: u64 = stores.iter().map(|s| s.stats().over_admitted).sum();
+    assert!(over >= 10, "the over-admission is estimated: {over}");
+}
+
+/// Units counted in one window are never added to the next: a sync that comes after the window
+/// ended drops them, and the new window starts from zero everywhere.
+#[tokio::test]
+async fn units_never_move_to_the_next_window() {
+    let server = RedisServer::start();
+    let (clock, stores) = instances(server.port, 2).await;
+    let minute = Duration::from_secs(60);
+    let windows: [Policy; 2] = [
+        FixedWindow::new(10, minute, Alignment::Clock { utc_offset_secs: 0 })
+            .unwrap()
+            .into(),
+        SlidingCounter::new(10, minute).unwrap().into(),
+    ];
+    for p in &windows {
+        let key = format!("windows:{}", p.algorithm());
+        warm(&stores, &key, p).await;
+        assert_eq!(admitted(&stores[0], &key, p, 6).await, 6);
+        // The window ends (and, for the sliding counter, the one after too) before any sync.
+        advance(&clock, &stores, 2 * minute);
+        stores[0].sync_now().await.unwrap();
+        warm(&stores, &key, p).await;
+        for s in &stores {
+            assert_eq!(admitted(s, &key, p, 5).await, 5, "{}", p.algorithm());
+        }
+    }
+    // A fixed window's units synced just after their window ended are not counted in the next.
+    let p = &windows[0];
+    warm(&stores, "windows:next", p).await;
+    assert_eq!(admitted(&stores[0], "windows:next", p, 6).await, 6);
+    advance(&clock, &stores, minute);
+    stores[0].sync_now().await.unwrap();
+    warm(&stores, "windows:next", p).await;
+    assert_eq!(admitted(&stores[1], "windows:next", p, 10).await, 10);
+    // A sliding counter's units synced one window late still weigh, as the previous window.
+    let p = &windows[1];
+    warm(&stores, "windows:late", p).await;
+    assert_eq!(admitted(&stores[0], "windows:late", p, 8).await, 8);
+    advance(&clock, &stores, minute);
+    stores[0].sync_now().await.unwrap();
+    warm(&stores, "windows:late", p).await;
+    // 20 ms into the next window, the previous window's 8 weigh 7 (rounded down).
+    assert_eq!(admitted(&stores[1], "windows:late", p, 10).await, 3);
+}
+
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = server.command(&["INFO", "commandstats"]).unwrap();
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// A key over its limit is answered locally until its reset: no script call, however many
+/// requests and syncs. After the reset, the sync reads it again.
+#[tokio::test]
+async fn a_key_over_its_limit_costs_redis_nothing_until_its_reset() {
+    let server = RedisServer::start();
+    let (clock, stores) = instances(server.port, 1).await;
+    let store = &stores[0];
+    let p: Policy = FixedWindow::new(5, Duration::from_secs(10), Alignment::FirstRequest)
+        .unwrap()
+        .into();
+    assert_eq!(admitted(store, "hot", &p, 5).await, 5);
+    store.sync_now().await.unwrap();
+    assert_eq!(store.stats().negative_cached, 1);
+    let before = script_calls(&server);
+    for _ in 0..10 {
+        assert_eq!(admitted(store, "hot", &p, 100).await, 0);
+        store.sync_now().await.unwrap();
+    }
+    assert_eq!(
+        script_calls(&server),
+        before,
+        "no Redis call for a key known over its limit"
+    );
+    advance(&clock, &stores, Duration::from_secs(11));
+    assert_eq!(store.stats().negative_cached, 0);
+    assert_eq!(admitted(store, "hot", &p, 1).await, 1);
+    store.sync_now().await.unwrap();
+    assert!(script_calls(&server) > before);
+}
+
+/// Redis is killed: decisions go on locally without an error, syncs fail and keep their units;
+/// Redis comes back empty, and the next sync puts the units admitted meanwhile back into the
+/// global count, which another instance then sees.
+#[tokio::test]
+async fn decisions_go_on_while_redis_is_away_and_units_are_reconciled() {
+    let mut server = RedisServer::start();
+    let (_clock, stores) = instances(server.port, 2).await;
+    let p: Policy = FixedWindow::new(
+        100,
+        Duration::from_secs(60),
+        Alignment::Clock { utc_offset_secs: 0 },
+    )
+    .unwrap()
+    .into();
+    warm(&stores, "away", &p).await;
+    assert_eq!(admitted(&stores[0], "away", &p, 20).await, 20);
+    stores[0].sync_now().await.unwrap();
+    server.kill();
+    assert_eq!(admitted(&stores[0], "away", &p, 30).await, 30);
+    assert!(stores[0].sync_now().await.is_err());
+    assert!(stores[0].sync_now().await.is_err());
+    let stats = stores[0].stats();
+    assert_eq!(
+        stats.pending_units, 30,
+        "the units admitted meanwhile are kept"
+    );
+    assert!(stats.sync_failures >= 2);
+    // The local count goes on from the last global one: 20 + 30 used of 100.
+    assert_eq!(stores[0].peek("away", &p).await.unwrap().remaining, 50);
+    server.restart();
+    for s in &stores {
+        eventually("the sync succeeds again", || {
+            let s = s.clone();
+            async move { s.sync_now().await.is_ok() }
+        })
+        .await;
+    }
+    assert_eq!(stores[0].stats().pending_units, 0);
+    // Redis came back empty: the 30 admitted while it was away are in the global count again.
+    assert_eq!(admitted(&stores[1], "away", &p, 100).await, 70);
+}
+
+/// The sliding log and the queue are refused when rules load, with a reason.
+#[tokio::test]
+async fn unsupported_algorithms_are_refused_with_a_reason() {
+    let log: Policy = sluice_core::SlidingLog::new(5, Duration::from_secs(1))
+        .unwrap()
+        .into();
+    let queue: Policy =
+        sluice_core::LeakyQueue::new(Rate::per_second(5), 4, Duration::from_secs(1))
+            .unwrap()
+            .into();
+    for p in [log, queue] {
+        let e = sluice_redis::hybrid_supports(&p).unwrap_err();
+        assert_eq!(e.store, "hybrid");
+        assert!(e.reason.contains("fixed_window"), "{}", e.reason);
+    }
+    for p in supported() {
+        assert!(sluice_redis::hybrid_supports(&p).is_ok());
+    }
+}

@@ -1,0 +1,250 @@
+//! The hybrid store's side of Redis: one batched, atomic call per Cluster slot that pushes the
+//! units each instance admitted locally and returns every key's global state.
+//!
+//! The store that decides locally lives in `sluice-hybrid`; this module only knows the wire:
+//! [`SyncEntry`] in, [`GlobalState`] out, through the same connection, timeout and circuit
+//! breaker as [`RedisStore::check`](sluice_core::Store::check). The script is
+//! `scripts/lua/sync.lua`.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::Value;
+use sluice_core::{Alignment, Policy, StoreError, StoreResult, Timestamp, UnsupportedPolicy};
+
+use crate::RedisStore;
+use crate::keys::slot;
+use crate::scripts;
+use crate::scripts::algorithm::code;
+use crate::scripts::args::app_now;
+
+/// One key's part of a sync: what the instance admitted since its last sync, and when.
+#[derive(Debug, Clone)]
+pub struct SyncEntry {
+    /// The counter's identity, as [`RedisStore::key_of`] takes it.
+    pub key: String,
+    /// The counter's policy: one that [`hybrid_supports`] accepts.
+    pub policy: Policy,
+    /// Units admitted locally since the last successful sync; 0 to only read.
+    pub units: u64,
+    /// For the windowed algorithms: from the instance's now to the end of the window the units
+    /// were counted in, negative once it has ended. Units whose window Redis no longer counts
+    /// are dropped, never moved to the next window. For the buckets: from now to when the
+    /// latest unit was admitted (zero or negative), so that refill since then is not lost.
+    pub to_end_nanos: i64,
+}
+
+/// A key's global state as Redis holds it after a sync, in durations from the moment the script
+/// ran, so that an instance puts it on its own clock without comparing clocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GlobalState {
+    /// A fixed window: the count in the live window, and the time to its end (zero when no
+    /// window is live).
+    Window {
+        /// Units counted in the window.
+        count: u64,
+        /// Time to the window's end.
+        to_end: Duration,
+    },
+    /// A sliding counter: the current and previous windows' counts, and the time to the current
+    /// window's end.
+    Sliding {
+        /// Units in the current window.
+        current: u64,
+        /// Units in the previous window.
+        previous: u64,
+        /// Time to the current window's end.
+        to_end: Duration,
+    },
+    /// A token bucket or GCRA: how far the theoretical arrival time lies after now. The bucket
+    /// is full again after `backlog`; a backlog past the burst is debt from over-admission.
+    Backlog(Duration),
+}
+
+/// Whether the hybrid store can hold `policy`: fixed windows, sliding counters, token buckets and
+/// GCRA, within the numbers Redis's Lua can hold exactly. The sliding log (one entry per request)
+/// and the queue (each admitted request is given its own release time) have no state that
+/// instances can add up between syncs, so they are refused with a reason.
+pub fn hybrid_supports(policy: &Policy) -> Result<(), UnsupportedPolicy> {
+    let refuse = |what: &str| UnsupportedPolicy {
+        store: "hybrid",
+        reason: format!(
+            "{what} has no state that instances can add up between syncs; use fixed_window, \
+             sliding_counter, token_bucket or gcra with the hybrid store, or use the redis store"
+        ),
+    };
+    match policy {
+        Policy::SlidingLog(_) => Err(refuse("sliding_log (one entry per request)")),
+        Policy::LeakyQueue(_) => Err(refuse("leaky_queue (a release time per request)")),
+        _ => crate::supports(policy).map_err(|e| UnsupportedPolicy {
+            store: "hybrid",
+            reason: e.reason,
+        }),
+    }
+}
+
+/// The script arguments of one entry, after `now` (the application clock, used only to name a
+/// window start near now for clock-aligned windows).
+fn push_entry(args: &mut Vec<String>, e: &SyncEntry, now: Timestamp) -> StoreResult<()> {
+    hybrid_supports(&e.policy).map_err(|u| StoreError::Rejected(u.to_string()))?;
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let (a, b, reference) = match &e.policy {
+        Policy::FixedWindow(p) => {
+            let window = nanos(p.window());
+            match p.alignment() {
+                Alignment::Clock { .. } => (
+                    window,
+                    0,
+                    p.window_start(Timestamp::EPOCH, now).as_nanos().to_string(),
+                ),
+                Alignment::FirstRequest => (window, 1, "-".to_owned()),
+            }
+        }
+        Policy::SlidingCounter(p) => {
+            let window = nanos(p.window());
+            let n = now.as_nanos();
+            (window, 0, (n - n % window).to_string())
+        }
+        Policy::TokenBucket(p) => (nanos(p.rate().per()), p.rate().amount().max(1), "-".into()),
+        Policy::Gcra(p) => (nanos(p.emission_interval()), 1, "-".to_owned()),
+        Policy::SlidingLog(_) | Policy::LeakyQueue(_) | Policy::BucketedWindow(_) => {
+            unreachable!("refused above")
+        }
+    };
+    args.push(code(e.policy.algorithm()).to_string());
+    args.push(e.units.to_string());
+    args.push(e.to_end_nanos.to_string());
+    args.push(a.to_string());
+    args.push(b.to_string());
+    args.push(reference);
+    Ok(())
+}
+
+fn decode(policy: &Policy, value: &Value) -> StoreResult<GlobalState> {
+    let text = match value {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        other => {
+            return Err(StoreError::Rejected(format!(
+                "the sync script answered {other:?} for a key; expected a string"
+            )));
+        }
+    };
+    let nums: Vec<i64> = text
+        .split(' ')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|_| StoreError::Rejected(format!("the sync script answered `{text}`")))?;
+    let dur = |n: i64| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    match (policy, nums.as_slice()) {
+        (Policy::FixedWindow(_), [c, e]) => Ok(GlobalState::Window {
+            count: count(*c),
+            to_end: dur(*e),
+        }),
+        (Policy::SlidingCounter(_), [c, p, e]) => Ok(GlobalState::Sliding {
+            current: count(*c),
+            previous: count(*p),
+            to_end: dur(*e),
+        }),
+        (Policy::TokenBucket(_) | Policy::Gcra(_), [b]) => Ok(GlobalState::Backlog(dur(*b))),
+        _ => Err(StoreError::Rejected(format!(
+            "the sync script answered `{text}` for a {} key",
+            policy.algorithm()
+        ))),
+    }
+}
+
+impl RedisStore {
+    /// The Redis key of a hybrid counter: the counter key with `:h` appended, so that it shares
+    /// the counter's slot and never meets a counter of the exact store under the same prefix.
+    fn hybrid_key(&self, identity: &str) -> String {
+        let mut key = self.key_of(identity);
+        key.push_str(":h");
+        key
+    }
+
+    /// Pushes every entry's units and returns every entry's global state, in order. Entries are
+    /// grouped by Cluster slot, each group cut into calls of at most `batch` entries, and every
+    /// call sent at once (pipelined over the multiplexed connections). Each call is atomic.
+    ///
+    /// All or nothing as far as the caller can tell: on an error, the caller keeps every entry's
+    /// units and pushes them again later. A call that did reach Redis before another failed has
+    /// applied its units, which are then counted twice: only ever more counted, never less.
+    pub async fn sync_batch(
+        &self,
+        entries: &[SyncEntry],
+        batch: usize,
+    ) -> StoreResult<Vec<GlobalState>> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let offset = self.time_offset();
+        let now = app_now(offset);
+        let keys: Vec<String> = entries.iter().map(|e| self.hybrid_key(&e.key)).collect();
+        // Group by slot on a Cluster; elsewhere one group, cut by the batch size alike.
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let s = if self.is_cluster() {
+                slot(k.as_bytes())
+            } else {
+                0
+            };
+            match groups
+                .iter_mut()
+                .find(|(g, m)| *g == s && m.len() < batch.max(1))
+            {
+                Some((_, m)) => m.push(i),
+                None => groups.push((s, vec![i])),
+            }
+        }
+        let mut calls = Vec::with_capacity(groups.len());
+        for (_, members) in &groups {
+            let mut args = Vec::with_capacity(2 + 6 * members.len());
+            args.push(offset.to_string());
+            args.push("0".to_owned());
+            for &i in members {
+                push_entry(&mut args, &entries[i], now)?;
+            }
+            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+            calls.push((group_keys, args));
+        }
+        let conn = self.connection();
+        let replies = self
+            .guarded(async {
+                let replies =
+                    join_all(calls.iter().map(|(k, a)| conn.eval(&scripts::SYNC, k, a))).await;
+                replies.into_iter().collect::<Result<Vec<Value>, _>>()
+            })
+            .await?;
+        let mut states: Vec<Option<GlobalState>> = vec![None; entries.len()];
+        for ((_, members), reply) in groups.iter().zip(replies) {
+            let Value::Array(values) = reply else {
+                return Err(StoreError::Rejected(format!(
+                    "the sync script answered {reply:?}; expected an array"
+                )));
+            };
+            if values.len() != members.len() {
+                return Err(StoreError::Rejected(
+                    "the sync script answered a different number of keys".to_owned(),
+                ));
+            }
+            for (&i, v) in members.iter().zip(&values) {
+                states[i] = Some(decode(&entries[i].policy, v)?);
+            }
+        }
+        Ok(states.into_iter().flatten().collect())
+    }
+
+    /// Forgets a hybrid counter in Redis. Returns whether it existed.
+    pub async fn reset_hybrid(&self, identity: &str) -> StoreResult<bool> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(self.hybrid_key(identity));
+        match self.guarded(self.connection().send(&cmd)).await? {
+            Value::Int(n) => Ok(n > 0),
+            other => Err(StoreError::Rejected(format!(
+                "redis answered DEL with {other:?}"
+            ))),
+        }
+    }
+}
