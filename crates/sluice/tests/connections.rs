@@ -27,6 +27,23 @@ fn rules() -> (tempfile::TempDir, String) {
     (dir, path)
 }
 
+/// `sluice serve` on `rules` with `extra` flags; returns it with its HTTP and gRPC addresses.
+fn serve(rules: &str, extra: &[&str]) -> (Spawned, String, String) {
+    let (http, grpc) = (free_addr(), free_addr());
+    let mut args = vec![
+        "serve",
+        "--config",
+        rules,
+        "--http-addr",
+        &http,
+        "--grpc-addr",
+        &grpc,
+    ];
+    args.extend_from_slice(extra);
+    let process = spawn_listening(env!("CARGO_BIN_EXE_sluice"), &args, &http);
+    (process, http, grpc)
+}
+
 /// Sends SIGTERM and waits, at most 20 s, for the process to exit.
 fn terminate(process: &mut Spawned) -> ExitStatus {
     let pid = process.pid().to_string();
@@ -68,23 +85,9 @@ fn silent_h2c(addr: &str) -> TcpStream {
 #[test]
 fn serve_exits_zero_after_the_deadline_whatever_clients_hold_open() {
     let (_dir, rules) = rules();
-    let (http, grpc) = (free_addr(), free_addr());
-    let mut serve = spawn_listening(
-        env!("CARGO_BIN_EXE_sluice"),
-        &[
-            "serve",
-            "--config",
-            &rules,
-            "--http-addr",
-            &http,
-            "--grpc-addr",
-            &grpc,
-            "--shutdown-timeout",
-            "1s",
-            "--header-timeout",
-            "1h",
-        ],
-        &http,
+    let (mut serve, http, grpc) = serve(
+        &rules,
+        &["--shutdown-timeout", "1s", "--header-timeout", "1h"],
     );
     let _held = [
         half_sent_request(&http),
@@ -131,22 +134,7 @@ fn proxy_exits_zero_after_the_deadline_whatever_clients_hold_open() {
 #[test]
 fn a_trickled_request_head_is_cut_off_while_others_are_served() {
     let (_dir, rules) = rules();
-    let (http, grpc) = (free_addr(), free_addr());
-    let _serve = spawn_listening(
-        env!("CARGO_BIN_EXE_sluice"),
-        &[
-            "serve",
-            "--config",
-            &rules,
-            "--http-addr",
-            &http,
-            "--grpc-addr",
-            &grpc,
-            "--header-timeout",
-            "1s",
-        ],
-        &http,
-    );
+    let (_serve, http, _grpc) = serve(&rules, &["--header-timeout", "1s"]);
     // A slowloris: the head is never finished.
     let mut slow = TcpStream::connect(&http).unwrap();
     slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: ")
@@ -184,23 +172,9 @@ fn healthz(addr: &str) -> Option<String> {
 #[test]
 fn one_address_cannot_hold_more_than_its_share_of_connections() {
     let (_dir, rules) = rules();
-    let (http, grpc) = (free_addr(), free_addr());
-    let _serve = spawn_listening(
-        env!("CARGO_BIN_EXE_sluice"),
-        &[
-            "serve",
-            "--config",
-            &rules,
-            "--http-addr",
-            &http,
-            "--grpc-addr",
-            &grpc,
-            "--header-timeout",
-            "1h",
-            "--max-connections-per-ip",
-            "3",
-        ],
-        &http,
+    let (_serve, http, _grpc) = serve(
+        &rules,
+        &["--header-timeout", "1h", "--max-connections-per-ip", "3"],
     );
     // spawn_listening's own probe connection has come and gone; wait until its place is back.
     let deadline = Instant::now() + Duration::from_secs(20);
