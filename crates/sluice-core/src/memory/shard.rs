@@ -34,6 +34,12 @@ pub(crate) struct Shard {
     /// Sweep expired entries when an insertion finds the map this long: twice its length after
     /// the last sweep, so sweeping costs O(1) amortized per insertion.
     next_sweep: usize,
+    /// After a pass found nothing to evict (every entry limited), new keys are refused without
+    /// another pass until this second: a flood of keys that each exhaust their limit would
+    /// otherwise make every new key scan the whole shard.
+    refuse_until: u32,
+    /// Eviction passes made, for tests.
+    passes: usize,
 }
 
 impl Shard {
@@ -42,6 +48,8 @@ impl Shard {
             map: HashMap::with_hasher(BuildPassThrough),
             cap,
             next_sweep: MIN_SWEEP_LEN,
+            refuse_until: 0,
+            passes: 0,
         }
     }
 
@@ -66,6 +74,9 @@ impl Shard {
         max_keys: usize,
     ) -> Result<(), StoreError> {
         let wanted = self.map.len() + extra;
+        if wanted > self.cap && now_secs < self.refuse_until {
+            return Err(StoreError::Full { max_keys });
+        }
         if wanted >= self.next_sweep || wanted > self.cap {
             self.sweep(now_secs);
         }
@@ -73,6 +84,7 @@ impl Shard {
             return Ok(());
         }
         let goal = (self.cap / EVICT_FRACTION).max(extra);
+        self.passes += 1;
         let mut expiries: Vec<u32> = self
             .map
             .values()
@@ -103,6 +115,9 @@ impl Shard {
         if self.map.len() + extra <= self.cap {
             Ok(())
         } else {
+            // Every entry is limited: nothing frees before the next second (a limited entry
+            // expires, or one is admitted again and stops being limited).
+            self.refuse_until = now_secs.saturating_add(1);
             Err(StoreError::Full { max_keys })
         }
     }
@@ -111,6 +126,36 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn limited(expires: u32) -> Entry {
+        Entry {
+            expires,
+            limited: true,
+            state: State::Gcra(crate::Timestamp::EPOCH),
+        }
+    }
+
+    #[test]
+    fn a_shard_full_of_limited_entries_refuses_without_scanning_again_within_a_second() {
+        let mut shard = Shard::new(4);
+        for i in 0..4u32 {
+            let i = i as u64;
+            shard.map.insert(Fingerprint { lo: i, hi: i }, limited(100));
+        }
+        assert!(shard.make_room(1, 10, 4).is_err());
+        assert_eq!(shard.passes, 1);
+        // The same second: refused at once.
+        for _ in 0..1000 {
+            assert!(shard.make_room(1, 10, 4).is_err());
+        }
+        assert_eq!(shard.passes, 1);
+        // The next second scans again; an entry that stopped being limited makes room.
+        shard.map.values_mut().next().unwrap().limited = false;
+        assert!(shard.make_room(1, 11, 4).is_ok());
+        assert_eq!(shard.passes, 2);
+        // Room already there is never refused, whatever the last pass found.
+        assert!(shard.make_room(1, 11, 4).is_ok());
+    }
 
     #[test]
     fn entries_stay_compact() {
