@@ -1,13 +1,15 @@
 //! The matcher: from a request's descriptors to the checks a store decides.
 //!
 //! Each domain compiles into a tree of hash maps, one level per descriptor depth: entry key →
-//! (exact value → node, wildcard prefixes by length → node, key-only node). Matching an entry is
-//! a few hash lookups whatever the number of rules, and a descriptor of `n` entries walks `n`
-//! levels. Nothing is scanned.
+//! (exact value → node, wildcard prefixes by length → node, wildcard patterns → node, key-only
+//! node). Matching an entry is a few hash lookups whatever the number of exact and prefix rules,
+//! and a descriptor of `n` entries walks `n` levels. Only wildcards with a `*` before the end
+//! (`/api/*/action`) are tried one by one, in file order, and only when no exact value or
+//! prefix matched.
 //!
 //! The semantics are envoyproxy/ratelimit's:
 //! - at each level an exact value wins over a wildcard, and a wildcard over a key-only rule;
-//!   among wildcards the longest prefix wins;
+//!   among wildcards the longest prefix wins, then the first pattern in file order;
 //! - the walk never backtracks: once an entry picked a rule, the next entry is looked up among
 //!   that rule's children only;
 //! - a limit applies only when the request's descriptor ends exactly at a rule that has one. A
@@ -161,6 +163,7 @@ impl Level {
             k.exact
                 .values()
                 .chain(k.prefixes.iter().flat_map(|(_, map)| map.values()))
+                .chain(k.patterns.iter().map(|(_, n)| n))
                 .chain(k.any.as_deref())
         })
     }
@@ -172,6 +175,9 @@ struct KeyRules {
     exact: HashMap<Box<str>, Node>,
     /// Wildcards grouped by prefix length, longest first: one lookup per distinct length.
     prefixes: Vec<(usize, HashMap<Box<str>, Node>)>,
+    /// Wildcards elsewhere than at the end, as their literal parts, in file order: the first
+    /// that matches wins, after every prefix.
+    patterns: Vec<(Vec<String>, Node)>,
     any: Option<Box<Node>>,
 }
 
@@ -184,6 +190,13 @@ impl KeyRules {
             if let Some(n) = value.get(..*len).and_then(|p| map.get(p)) {
                 return Some(n);
             }
+        }
+        if let Some((_, n)) = self
+            .patterns
+            .iter()
+            .find(|(parts, _)| ValueMatch::pattern_matches(parts, value))
+        {
+            return Some(n);
         }
         self.any.as_deref()
     }
@@ -284,11 +297,27 @@ fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str) {
             .collect(),
         ..Node::default()
     };
-    if let (ValueMatch::Prefix(p), true) = (&d.value, d.share_threshold) {
+    if d.share_threshold {
+        // Every value the wildcard matches shares the counter named by the wildcard itself.
         let mut pattern = String::new();
-        push_encoded(&mut pattern, p);
-        pattern.push('*');
-        node.shared_value = Some(pattern);
+        match &d.value {
+            ValueMatch::Prefix(p) => {
+                push_encoded(&mut pattern, p);
+                pattern.push('*');
+            }
+            ValueMatch::Pattern(parts) => {
+                for (i, part) in parts.iter().enumerate() {
+                    if i > 0 {
+                        pattern.push('*');
+                    }
+                    push_encoded(&mut pattern, part);
+                }
+            }
+            ValueMatch::Any | ValueMatch::Exact(_) => {}
+        }
+        if !pattern.is_empty() {
+            node.shared_value = Some(pattern);
+        }
     }
     for child in &d.descriptors {
         insert(&mut node.children, child, &path);
@@ -314,6 +343,7 @@ fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str) {
             };
             rules.prefixes[i].1.insert(p.as_str().into(), node);
         }
+        ValueMatch::Pattern(parts) => rules.patterns.push((parts.clone(), node)),
     }
 }
 

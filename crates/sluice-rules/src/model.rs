@@ -91,6 +91,40 @@ pub enum ValueMatch {
     /// `value: foo*`: any value starting with `foo`. Each distinct value gets its own counter
     /// unless the descriptor sets `share_threshold`, in which case they share one.
     Prefix(String),
+    /// `value: /api/*/action` or `foo*bar*baz`: wildcards elsewhere than at the end, each
+    /// matching any run of characters (none included). Held as the literal parts between the
+    /// `*`s: the value starts with the first, ends with the last, and holds the others in order
+    /// between. Counters as for [`ValueMatch::Prefix`].
+    Pattern(Vec<String>),
+}
+
+impl ValueMatch {
+    /// Whether `value` matches a [`ValueMatch::Pattern`]'s `parts`, as Envoy matches a
+    /// wildcard: the first part leads, the last ends, the middle ones follow in order, without
+    /// overlapping.
+    pub fn pattern_matches(parts: &[String], value: &str) -> bool {
+        let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
+            return false;
+        };
+        if parts.len() == 1 {
+            return first == value;
+        }
+        let fixed: usize = parts.iter().map(String::len).sum();
+        if value.len() < fixed
+            || !value.starts_with(first.as_str())
+            || !value.ends_with(last.as_str())
+        {
+            return false;
+        }
+        let mut rest = &value[first.len()..value.len() - last.len()];
+        for part in &parts[1..parts.len() - 1] {
+            match rest.find(part.as_str()) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 impl fmt::Display for ValueMatch {
@@ -99,6 +133,7 @@ impl fmt::Display for ValueMatch {
             ValueMatch::Any => Ok(()),
             ValueMatch::Exact(v) => f.write_str(v),
             ValueMatch::Prefix(p) => write!(f, "{p}*"),
+            ValueMatch::Pattern(parts) => f.write_str(&parts.join("*")),
         }
     }
 }

@@ -295,3 +295,52 @@ fn matched_checks_decide_in_a_store_like_envoy() {
         assert!(!store.check(&checks).await.unwrap()[0].allowed);
     });
 }
+
+#[test]
+fn wildcards_anywhere_in_a_value_match_as_envoy_matches_them() {
+    let rules = sluice_rules::RuleSet::parse(
+        "w.yaml",
+        r#"domain: w
+descriptors:
+  - key: path
+    value: "/api/*/action"
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: path
+    value: "/api/*"
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: name
+    value: "foo*bar*baz"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let limit = |key: &str, value: &str| {
+        let m = rules.checks("w", &[[(key, value)]], 1);
+        m.checks
+            .first()
+            .map(|c| (c.rule.policy.limit(), c.key.clone()))
+    };
+    // The longest prefix wins over a pattern, as envoy prefers its longer match.
+    assert_eq!(limit("path", "/api/v1/other").map(|l| l.0), Some(2));
+    assert_eq!(limit("path", "/api/x").map(|l| l.0), Some(2));
+    // A middle wildcard, where no prefix reaches: the pattern.
+    let rules_mid = sluice_rules::RuleSet::parse(
+        "m.yaml",
+        "domain: m\ndescriptors:\n  - key: path\n    value: \"/api/*/action\"\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let m = |v: &str| rules_mid.checks("m", &[[("path", v)]], 1).checks.len();
+    assert_eq!(
+        (m("/api/v1/action"), m("/api/v1/other"), m("/api/action")),
+        (1, 0, 0)
+    );
+    // Several wildcards, with share_threshold: every matching value shares one counter.
+    let (a, b) = (
+        limit("name", "foo1bar2baz").unwrap(),
+        limit("name", "fooXbarYbaz").unwrap(),
+    );
+    assert_eq!(a.0, 3);
+    assert_eq!(a.1, b.1, "share_threshold: one counter for the pattern");
+    assert_eq!(limit("name", "foobazbar"), None);
+}
