@@ -75,6 +75,9 @@ struct Entry {
     quiet_until: Timestamp,
     /// When the counter is full again: after that, and with nothing pending, the entry can go.
     expires: Timestamp,
+    /// Units this instance may still admit before the next sync: its share of what the limit had
+    /// left at the last sync, split evenly between the live instances.
+    allowance: u64,
 }
 
 impl Entry {
@@ -131,6 +134,8 @@ pub struct HybridStats {
     pub sync_failures: u64,
     /// Units dropped unsynchronised: a window that ended before Redis was reached.
     pub dropped_units: u64,
+    /// Live instances on this Redis and prefix, as the last heartbeat counted them.
+    pub instances: u64,
     /// The Redis store's own figures: breaker state and the like.
     pub redis: RedisStats,
 }
@@ -153,6 +158,10 @@ struct Inner<C> {
     sync_failures: AtomicU64,
     over_admitted: AtomicU64,
     dropped: AtomicU64,
+    /// This instance's name in the registry of live instances.
+    id: String,
+    /// Live instances, as the last heartbeat counted them; 1 until then.
+    instances: AtomicU64,
 }
 
 impl<C: Clock> std::fmt::Debug for HybridStore<C> {
@@ -189,6 +198,8 @@ impl<C: Clock + 'static> HybridStore<C> {
                 sync_failures: AtomicU64::new(0),
                 over_admitted: AtomicU64::new(0),
                 dropped: AtomicU64::new(0),
+                id: instance_id(),
+                instances: AtomicU64::new(1),
             }),
         }
     }
@@ -237,6 +248,7 @@ impl<C: Clock + 'static> HybridStore<C> {
             syncs: inner.syncs.load(Ordering::Relaxed),
             sync_failures: inner.sync_failures.load(Ordering::Relaxed),
             dropped_units: inner.dropped.load(Ordering::Relaxed),
+            instances: inner.instances.load(Ordering::Relaxed),
             redis: inner.redis.stats(),
         }
     }
@@ -277,10 +289,20 @@ impl<C: Clock + 'static> HybridStore<C> {
             }
         }
         if entries.is_empty() {
+            // Nothing to push or read (every key idle or in the negative cache): no call at all,
+            // and no heartbeat either: an instance that admits nothing takes no share.
             inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
             return Ok(());
         }
-        match inner.redis.sync_batch(&entries, inner.options.batch).await {
+        let ttl = (inner.options.sync_interval * 20).max(Duration::from_millis(500));
+        let (beat, synced) = tokio::join!(
+            inner.redis.heartbeat(&inner.id, ttl),
+            inner.redis.sync_batch(&entries, inner.options.batch)
+        );
+        if let Ok(n) = beat {
+            inner.instances.store(n, Ordering::Relaxed);
+        }
+        match synced {
             Ok(states) => {
                 self.apply(&entries, &states);
                 inner.syncs.fetch_add(1, Ordering::Relaxed);
@@ -340,10 +362,19 @@ impl<C: Clock + 'static> HybridStore<C> {
             }
             if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 0) {
                 entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
+                entry.allowance = self.share(d.remaining);
             }
         }
         inner.over_admitted.fetch_add(over, Ordering::Relaxed);
         inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
+    }
+
+    /// This instance's share of `remaining` units: all of them when it is alone.
+    fn share(&self, remaining: u64) -> u64 {
+        match self.inner.instances.load(Ordering::Relaxed) {
+            0 | 1 => u64::MAX,
+            n => remaining / n,
+        }
     }
 
     /// Decides every check locally, all or nothing.
@@ -379,13 +410,34 @@ impl<C: Clock + 'static> HybridStore<C> {
                     .filter(|e| e.policy == *c.policy)
                     .map(|e| e.state),
             };
-            let Some((state, d)) = decide(c.policy, stored.as_ref(), now, c.cost) else {
+            let Some((state, mut d)) = decide(c.policy, stored.as_ref(), now, c.cost) else {
                 return Err(StoreError::Rejected(
                     hybrid_supports(c.policy)
                         .err()
                         .map_or_else(String::new, |u| u.to_string()),
                 ));
             };
+            // This instance's share, less what earlier checks of this request on the key take.
+            let share = keys
+                .get(c.key)
+                .filter(|e| e.policy == *c.policy)
+                .map_or_else(|| self.share(c.policy.limit()), |e| e.allowance);
+            let taken: u64 = after
+                .iter()
+                .filter(|(k, p, _)| *k == c.key && *p == c.policy)
+                .count() as u64;
+            let share = share.saturating_sub(taken);
+            if d.allowed && c.cost > share {
+                // The limit may have room, but not within this instance's share until the next
+                // sync brings a new one.
+                let wait = self.inner.options.sync_interval;
+                d = Decision {
+                    allowed: false,
+                    remaining: d.remaining.min(share),
+                    retry_after: wait,
+                    ..d
+                };
+            }
             if d.allowed && c.cost > 0 {
                 after.push((c.key, c.policy, state));
             }
@@ -407,12 +459,14 @@ impl<C: Clock + 'static> HybridStore<C> {
             } else {
                 window_end(c.policy, &state)
             };
+            let fresh_share = self.share(c.policy.limit());
             let entry = keys.entry(c.key.to_owned()).or_insert_with(|| Entry {
                 policy: c.policy.clone(),
                 state,
                 pending: Vec::new(),
                 quiet_until: Timestamp::EPOCH,
                 expires: now,
+                allowance: fresh_share,
             });
             if entry.policy != *c.policy {
                 // The key's policy changed with the rules: start it afresh.
@@ -420,6 +474,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 entry.pending.clear();
             }
             entry.state = state;
+            entry.allowance = entry.allowance.saturating_sub(c.cost);
             entry.add_pending(end, c.cost, &inner.dropped);
             entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
         }
@@ -434,6 +489,17 @@ impl<C: Clock + 'static> HybridStore<C> {
         }
         Ok(decisions)
     }
+}
+
+/// A name for this store in the registry of live instances: its process, the wall-clock time
+/// it started and its number within the process, which no two live stores share.
+fn instance_id() -> String {
+    static STORES: AtomicU64 = AtomicU64::new(0);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = STORES.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{started}-{n}", std::process::id())
 }
 
 /// Whether `policy` is a bucket (token bucket or GCRA), whose units are dated by when they were
@@ -481,6 +547,7 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
                     pending: Vec::new(),
                     quiet_until: Timestamp::EPOCH,
                     expires: watch,
+                    allowance: self.share(policy.limit()),
                 },
             );
         }

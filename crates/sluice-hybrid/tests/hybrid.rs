@@ -91,7 +91,7 @@ async fn instances_share_one_limit_after_a_sync() {
         let key = format!("shared:{p:?}");
         warm(&stores, &key, &p).await;
         let mut total = 0;
-        for round in 0..6 {
+        for round in 0..12 {
             let s = &stores[round % 3];
             total += admitted(s, &key, &p, 30).await;
             // The instance that admitted pushes first; the others then read.
@@ -100,12 +100,14 @@ async fn instances_share_one_limit_after_a_sync() {
                 s.sync_now().await.unwrap();
             }
         }
-        assert_eq!(total, 100, "{}", p.algorithm());
+        // Each instance takes a third of what is left, so the last units are not taken until
+        // shares are a unit or more: at most one unit short per instance.
+        assert!((97..=100).contains(&total), "{}: {total}", p.algorithm());
         for s in &stores {
             let d = s.peek(&key, &p).await.unwrap();
             assert_eq!(
                 d.remaining,
-                0,
+                100 - total,
                 "{} everyone sees the limit used",
                 p.algorithm()
             );
@@ -144,10 +146,10 @@ async fn units_never_move_to_the_next_window() {
     let (clock, stores) = instances(server.port, 2).await;
     let minute = Duration::from_secs(60);
     let windows: [Policy; 2] = [
-        FixedWindow::new(10, minute, Alignment::Clock { utc_offset_secs: 0 })
+        FixedWindow::new(20, minute, Alignment::Clock { utc_offset_secs: 0 })
             .unwrap()
             .into(),
-        SlidingCounter::new(10, minute).unwrap().into(),
+        SlidingCounter::new(20, minute).unwrap().into(),
     ];
     for p in &windows {
         let key = format!("windows:{}", p.algorithm());
@@ -168,7 +170,8 @@ async fn units_never_move_to_the_next_window() {
     advance(&clock, &stores, minute);
     stores[0].sync_now().await.unwrap();
     warm(&stores, "windows:next", p).await;
-    assert_eq!(admitted(&stores[1], "windows:next", p, 10).await, 10);
+    // B's share is half the window: 10 of 20, not 7 of the 14 left had the 6 moved over.
+    assert_eq!(admitted(&stores[1], "windows:next", p, 20).await, 10);
     // A sliding counter's units synced one window late still weigh, as the previous window.
     let p = &windows[1];
     warm(&stores, "windows:late", p).await;
@@ -176,8 +179,9 @@ async fn units_never_move_to_the_next_window() {
     advance(&clock, &stores, minute);
     stores[0].sync_now().await.unwrap();
     warm(&stores, "windows:late", p).await;
-    // 20 ms into the next window, the previous window's 8 weigh 7 (rounded down).
-    assert_eq!(admitted(&stores[1], "windows:late", p, 10).await, 3);
+    // 20 ms into the next window, the previous window's 8 weigh 7 (rounded down): 13 are left,
+    // and B's share of them is 6 (10 had the units been dropped).
+    assert_eq!(admitted(&stores[1], "windows:late", p, 20).await, 6);
 }
 
 fn script_calls(server: &RedisServer) -> u64 {
@@ -265,7 +269,7 @@ async fn decisions_go_on_while_redis_is_away_and_units_are_reconciled() {
     }
     assert_eq!(stores[0].stats().pending_units, 0);
     // Redis came back empty: the 30 admitted while it was away are in the global count again.
-    assert_eq!(admitted(&stores[1], "away", &p, 100).await, 70);
+    assert_eq!(stores[1].peek("away", &p).await.unwrap().remaining, 70);
 }
 
 /// The sliding log and the queue are refused when rules load, with a reason.

@@ -28,6 +28,8 @@ pub struct Limiter {
     store: Arc<dyn DynStore>,
     /// The Redis store behind `store`, if it is one, for its breaker and statistics.
     redis: Option<RedisStore>,
+    /// The hybrid store, when the store is one, for its sync statistics.
+    hybrid: Option<sluice_hybrid::HybridStore>,
     local: MemoryStore,
     metrics: Arc<Metrics>,
     /// Each rule's decision counters, so that counting a decision neither copies nor hashes
@@ -100,11 +102,15 @@ impl Limiter {
         if opened.redis.is_some() {
             metrics.register_redis();
         }
+        if opened.hybrid.is_some() {
+            metrics.register_hybrid();
+        }
         let reloads = ReloadLog::follow(&rules);
         Limiter {
             rules,
             store: opened.store,
             redis: opened.redis,
+            hybrid: opened.hybrid,
             local: MemoryStore::new(),
             metrics,
             counters: RwLock::new(None),
@@ -138,6 +144,7 @@ impl Limiter {
             reloads: stats.reloads.load(std::sync::atomic::Ordering::Relaxed),
             reload_failures: stats.failures.load(std::sync::atomic::Ordering::Relaxed),
             redis: self.redis.as_ref().map(RedisStore::stats),
+            hybrid: self.hybrid.as_ref().map(sluice_hybrid::HybridStore::stats),
         })
     }
 

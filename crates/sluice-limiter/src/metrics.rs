@@ -1,6 +1,7 @@
 //! Prometheus metrics: decisions by domain, rule and outcome, decision latency, store errors,
 //! tracked keys, rule reloads, the most limited keys, the build, and for a Redis store its
-//! breaker state and refunds. Everything goes through one registry.
+//! breaker state and refunds, and for a hybrid store its sync lag, pending units, negative cache
+//! and over-admission estimate. Everything goes through one registry.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -85,6 +86,19 @@ pub struct Snapshot {
     pub reload_failures: u64,
     /// The Redis store's statistics, when the store is Redis.
     pub redis: Option<sluice_redis::RedisStats>,
+    /// The hybrid store's statistics, when the store is hybrid.
+    pub hybrid: Option<sluice_hybrid::HybridStats>,
+}
+
+/// The hybrid store's series, registered when the store is hybrid.
+struct HybridSeries {
+    sync_lag: Gauge<f64, AtomicU64>,
+    pending_units: Gauge,
+    pending_keys: Gauge,
+    negative_cached: Gauge,
+    over_admitted: Counter<u64, AtomicU64>,
+    sync_failures: Counter<u64, AtomicU64>,
+    dropped_units: Counter<u64, AtomicU64>,
 }
 
 /// The Redis store's series, registered when the store is Redis.
@@ -118,6 +132,7 @@ pub struct Metrics {
     /// Hashes limited keys for `/metrics` with keys of this process's own, so a hash cannot be
     /// matched against guessed keys elsewhere.
     key_hasher: std::collections::hash_map::RandomState,
+    hybrid: std::sync::OnceLock<HybridSeries>,
 }
 
 /// The decision counters in the order they were created, so that a history sample can be a list
@@ -214,6 +229,7 @@ impl Metrics {
             redis: std::sync::OnceLock::new(),
             series: Mutex::new(Series::default()),
             key_hasher: std::collections::hash_map::RandomState::new(),
+            hybrid: std::sync::OnceLock::new(),
         }
     }
 
@@ -351,6 +367,59 @@ impl Metrics {
         });
     }
 
+    /// Registers the hybrid store's series: sync lag, units and keys not yet synced, keys in the
+    /// negative cache, and the over-admission the syncs found. Idempotent.
+    pub fn register_hybrid(&self) {
+        self.hybrid.get_or_init(|| {
+            let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+            let registry = &mut *registry;
+            HybridSeries {
+                sync_lag: registered(
+                    registry,
+                    "hybrid_sync_lag_seconds",
+                    "Time since the hybrid store's last successful sync with Redis",
+                    Gauge::default(),
+                ),
+                pending_units: registered(
+                    registry,
+                    "hybrid_pending_units",
+                    "Units admitted locally and not yet synced to Redis",
+                    Gauge::default(),
+                ),
+                pending_keys: registered(
+                    registry,
+                    "hybrid_pending_keys",
+                    "Keys with units not yet synced to Redis",
+                    Gauge::default(),
+                ),
+                negative_cached: registered(
+                    registry,
+                    "hybrid_negative_cached_keys",
+                    "Keys known over their limit, answered locally without Redis until their reset",
+                    Gauge::default(),
+                ),
+                over_admitted: registered(
+                    registry,
+                    "hybrid_over_admitted_units",
+                    "Estimate of units admitted over their limits, as the syncs found the global counts",
+                    Counter::default(),
+                ),
+                sync_failures: registered(
+                    registry,
+                    "hybrid_sync_failures",
+                    "Syncs that failed; their units were kept for the next",
+                    Counter::default(),
+                ),
+                dropped_units: registered(
+                    registry,
+                    "hybrid_dropped_units",
+                    "Units dropped unsynced because their window ended while Redis was away",
+                    Counter::default(),
+                ),
+            }
+        });
+    }
+
     /// The Prometheus text exposition, with gauges and mirrored counters refreshed from
     /// `snapshot`.
     pub fn render(&self, snapshot: &Snapshot) -> String {
@@ -389,6 +458,27 @@ impl Metrics {
                 .refund_failures
                 .inner()
                 .store(stats.refund_failures, Ordering::Relaxed);
+        }
+        if let (Some(stats), Some(series)) = (&snapshot.hybrid, self.hybrid.get()) {
+            let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            series.sync_lag.set(stats.sync_lag.as_secs_f64());
+            series.pending_units.set(gauge(stats.pending_units));
+            series.pending_keys.set(gauge(stats.pending_keys as u64));
+            series
+                .negative_cached
+                .set(gauge(stats.negative_cached as u64));
+            series
+                .over_admitted
+                .inner()
+                .store(stats.over_admitted, Ordering::Relaxed);
+            series
+                .sync_failures
+                .inner()
+                .store(stats.sync_failures, Ordering::Relaxed);
+            series
+                .dropped_units
+                .inner()
+                .store(stats.dropped_units, Ordering::Relaxed);
         }
         self.top_limited.clear();
         for (key, n) in self.top_limited(TOP_KEYS_EXPORTED) {

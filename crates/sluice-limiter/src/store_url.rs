@@ -1,9 +1,12 @@
-//! Opening a store from its URL (`--store`): `memory`, `memory://?max_keys=N`, or a Redis URL.
+//! Opening a store from its URL (`--store`): `memory`, `memory://?max_keys=N`, a Redis URL, or
+//! a hybrid one: `hybrid+` before a Redis URL, options in its query
+//! (`hybrid+redis://host:6379?sync_interval=20ms&batch=512&max_keys=100000`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::{DynStore, MemoryStore};
+use sluice_core::{DynStore, MemoryStore, parse_duration};
+use sluice_hybrid::{HybridOptions, HybridStore};
 use sluice_redis::{ConnectError, RedisOptions, RedisStore};
 use sluice_rules::{LoadError, RuleSet};
 
@@ -13,7 +16,8 @@ pub enum StoreUrlError {
     /// A scheme Sluice does not know.
     #[error(
         "unknown store `{0}`; expected `memory`, `memory://?max_keys=N`, `redis://`, \
-         `rediss://`, `redis+sentinel://` or `redis+cluster://`"
+         `rediss://`, `redis+sentinel://` or `redis+cluster://`, or one of the Redis URLs \
+         after `hybrid+` (`hybrid+redis://host:6379?sync_interval=20ms`)"
     )]
     Unknown(String),
     /// A bad parameter.
@@ -54,6 +58,8 @@ pub struct OpenStore {
     pub store: Arc<dyn DynStore>,
     /// The Redis store behind it, for breaker state and statistics.
     pub redis: Option<RedisStore>,
+    /// The hybrid store, when it is one, for its sync statistics.
+    pub hybrid: Option<HybridStore>,
 }
 
 impl std::fmt::Debug for OpenStore {
@@ -67,7 +73,11 @@ impl std::fmt::Debug for OpenStore {
 impl OpenStore {
     /// A store that is not Redis.
     pub fn plain(store: Arc<dyn DynStore>) -> Self {
-        OpenStore { store, redis: None }
+        OpenStore {
+            store,
+            redis: None,
+            hybrid: None,
+        }
     }
 
     /// What every rule set must pass before it is put in force, at startup and on each reload
@@ -85,6 +95,7 @@ impl OpenStore {
 enum Kind {
     Memory,
     Redis,
+    Hybrid,
 }
 
 /// The kind of store `url` names, and what follows its `scheme://`.
@@ -94,6 +105,13 @@ fn kind(url: &str) -> Result<(Kind, &str), StoreUrlError> {
         "memory" => Ok((Kind::Memory, rest)),
         "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
         | "rediss+cluster" => Ok((Kind::Redis, rest)),
+        hybrid
+            if hybrid
+                .strip_prefix("hybrid+")
+                .is_some_and(|s| s.starts_with("redis")) =>
+        {
+            Ok((Kind::Hybrid, rest))
+        }
         _ => Err(StoreUrlError::Unknown(url.to_owned())),
     }
 }
@@ -104,22 +122,25 @@ fn kind(url: &str) -> Result<(Kind, &str), StoreUrlError> {
 pub fn supports_check_for(
     url: &str,
 ) -> Result<impl Fn(&RuleSet) -> Result<(), LoadError>, StoreUrlError> {
-    let redis = match kind(url)? {
+    let kind = match kind(url)? {
         (Kind::Memory, rest) => {
             memory(url, rest)?;
-            false
+            Kind::Memory
         }
         (Kind::Redis, _) => {
             sluice_redis::RedisUrl::parse(url)?;
-            true
+            Kind::Redis
+        }
+        (Kind::Hybrid, _) => {
+            let (redis_url, _) = hybrid_options(url)?;
+            sluice_redis::RedisUrl::parse(redis_url)?;
+            Kind::Hybrid
         }
     };
-    Ok(move |rules: &RuleSet| {
-        if redis {
-            rules.check_supported(sluice_redis::supports)
-        } else {
-            Ok(())
-        }
+    Ok(move |rules: &RuleSet| match kind {
+        Kind::Memory => Ok(()),
+        Kind::Redis => rules.check_supported(sluice_redis::supports),
+        Kind::Hybrid => rules.check_supported(sluice_redis::hybrid_supports),
     })
 }
 
@@ -141,9 +162,71 @@ pub async fn open(url: &str, settings: &StoreSettings) -> Result<OpenStore, Stor
             Ok(OpenStore {
                 store: Arc::new(redis.clone()),
                 redis: Some(redis),
+                hybrid: None,
+            })
+        }
+        (Kind::Hybrid, _) => {
+            let (redis_url, hybrid) = hybrid_options(url)?;
+            let options = RedisOptions::default()
+                .prefix(settings.prefix.clone())
+                .timeout(settings.timeout);
+            let redis = RedisStore::connect(redis_url, options).await?;
+            tracing::info!(
+                sync_interval = ?hybrid.sync_interval,
+                batch = hybrid.batch,
+                max_keys = hybrid.max_keys,
+                "hybrid store connected"
+            );
+            let store = HybridStore::new(redis.clone(), hybrid);
+            // The task holds the store weakly and ends when the last handle is dropped.
+            store.spawn_sync();
+            Ok(OpenStore {
+                store: Arc::new(store.clone()),
+                redis: Some(redis),
+                hybrid: Some(store),
             })
         }
     }
+}
+
+/// A hybrid URL's Redis URL (the URL without `hybrid+` and its query) and its options:
+/// `sync_interval` (a duration such as `20ms`, at most 1s), `batch` and `max_keys` (whole
+/// numbers, at least 1).
+fn hybrid_options(url: &str) -> Result<(&str, HybridOptions), StoreUrlError> {
+    let bad = |reason: String| StoreUrlError::BadParameter {
+        url: url.to_owned(),
+        reason,
+    };
+    let redis_url = url.strip_prefix("hybrid+").unwrap_or(url);
+    let (redis_url, query) = redis_url.split_once('?').unwrap_or((redis_url, ""));
+    let mut options = HybridOptions::default();
+    let whole = |name: &str, v: &str| -> Result<usize, StoreUrlError> {
+        v.parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| bad(format!("{name} `{v}` is not a whole number of at least 1")))
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("sync_interval", v)) => {
+                options.sync_interval = parse_duration(v)
+                    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(1))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "sync_interval `{v}` is not a duration from 1ms to 1s, such as 20ms"
+                        ))
+                    })?;
+            }
+            Some(("batch", v)) => options.batch = whole("batch", v)?,
+            Some(("max_keys", v)) => options.max_keys = whole("max_keys", v)?,
+            _ => {
+                return Err(bad(format!(
+                    "unknown parameter `{pair}`; hybrid takes sync_interval, batch and max_keys"
+                )));
+            }
+        }
+    }
+    Ok((redis_url, options))
 }
 
 fn memory(url: &str, rest: &str) -> Result<MemoryStore, StoreUrlError> {
@@ -189,5 +272,34 @@ mod tests {
         assert!(e.contains("unknown store"), "{e}");
         let e = open("redis+cluster://", &s).await.unwrap_err().to_string();
         assert!(e.contains("invalid redis store URL"), "{e}");
+    }
+
+    #[test]
+    fn hybrid_urls_take_their_options_from_the_query() {
+        let (redis, o) =
+            hybrid_options("hybrid+redis+cluster://a:1,b:2?sync_interval=10ms&batch=64&max_keys=9")
+                .unwrap();
+        assert_eq!(redis, "redis+cluster://a:1,b:2");
+        assert_eq!(o.sync_interval, Duration::from_millis(10));
+        assert_eq!((o.batch, o.max_keys), (64, 9));
+        let (redis, o) = hybrid_options("hybrid+redis://h:6379").unwrap();
+        assert_eq!(redis, "redis://h:6379");
+        assert_eq!(o, HybridOptions::default());
+        assert!(o.sync_interval <= Duration::from_millis(50));
+        for (url, reason) in [
+            ("hybrid+redis://h?sync_interval=0ms", "from 1ms to 1s"),
+            ("hybrid+redis://h?sync_interval=5s", "from 1ms to 1s"),
+            ("hybrid+redis://h?batch=0", "at least 1"),
+            ("hybrid+redis://h?max_keys=x", "whole number"),
+            ("hybrid+redis://h?interval=1ms", "unknown parameter"),
+        ] {
+            let e = hybrid_options(url).unwrap_err().to_string();
+            assert!(e.contains(reason), "{url}: {e}");
+        }
+        assert!(supports_check_for("hybrid+redis+sentinel://s:26379/m").is_ok());
+        assert!(matches!(
+            supports_check_for("hybrid+memory://"),
+            Err(StoreUrlError::Unknown(_))
+        ));
     }
 }

@@ -236,6 +236,28 @@ impl RedisStore {
         Ok(states.into_iter().flatten().collect())
     }
 
+    /// Records the hybrid instance `id` as alive for `ttl` and returns how many instances under
+    /// this prefix are: each takes that share of what a limit has left between two syncs.
+    pub async fn heartbeat(&self, id: &str, ttl: Duration) -> StoreResult<u64> {
+        let key = vec![self.key_of("hybrid-instances")];
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let args = vec![
+            self.time_offset().to_string(),
+            id.to_owned(),
+            ttl_ms.to_string(),
+        ];
+        let conn = self.connection();
+        match self
+            .guarded(conn.eval(&scripts::HEARTBEAT, &key, &args))
+            .await?
+        {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(1).max(1)),
+            other => Err(StoreError::Rejected(format!(
+                "the heartbeat script answered {other:?}"
+            ))),
+        }
+    }
+
     /// Forgets a hybrid counter in Redis. Returns whether it existed.
     pub async fn reset_hybrid(&self, identity: &str) -> StoreResult<bool> {
         let mut cmd = redis::cmd("DEL");

@@ -124,3 +124,8 @@ pub(crate) static REFUND: LazyLock<Script> =
 /// state; see `lua/sync.lua` for `KEYS`, `ARGV` and the reply, and `crate::sync` for the caller.
 pub(crate) static SYNC: LazyLock<Script> =
     LazyLock::new(|| Script::assemble(include_str!("lua/sync.lua")));
+
+/// The hybrid store's heartbeat: records an instance as alive and returns how many are; see
+/// `lua/heartbeat.lua`.
+pub(crate) static HEARTBEAT: LazyLock<Script> =
+    LazyLock::new(|| Script::assemble(include_str!("lua/heartbeat.lua")));
