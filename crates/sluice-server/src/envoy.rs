@@ -119,7 +119,7 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
                     } else {
                         0
                     },
-                    duration_until_reset: Some(proto_duration(c.decision.reset_after)),
+                    duration_until_reset: Some(whole_seconds(c.decision.reset_after)),
                     ..Default::default()
                 },
             }
@@ -134,6 +134,14 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
         statuses,
         ..Default::default()
     }
+}
+
+/// A reset in whole seconds, rounded up, as envoyproxy/ratelimit reports it (`60s` at the start
+/// of a minute's window, `1s` in its last second), so clients that read only `seconds` see a
+/// time that has not passed yet.
+fn whole_seconds(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    proto_duration(Duration::from_secs(secs))
 }
 
 fn proto_duration(d: Duration) -> envoy_types::pb::google::protobuf::Duration {

@@ -733,6 +733,19 @@ async fn envoy_answer_rules_hold_on_grpc_and_json() {
         }
     }
 
+    // The reset in whole seconds, rounded up: 58.5 s left of the minute reads 59 s.
+    h.clock.advance(std::time::Duration::from_millis(1500));
+    let r = client
+        .should_rate_limit(request(vec![descriptor(&[("client", "reset")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reset = r.statuses[0].duration_until_reset.unwrap();
+    assert_eq!((reset.seconds, reset.nanos), (59, 0));
+    let body = json!({"domain": "shop", "descriptors": [{"entries": [{"key": "client", "value": "reset"}]}]});
+    let (_, j, _) = h.post("/json", &body).await;
+    assert_eq!(j["statuses"][0]["durationUntilReset"], "59s");
+
     // A descriptor with no entries beside a limited one: not limited, not an error.
     let r = client
         .should_rate_limit(request(vec![
