@@ -171,8 +171,11 @@ impl Limiter {
         let cost = request.cost.max(1);
         let matches = rules.checks(&request.domain, &request.descriptors, cost);
         let mut planned: Vec<Planned> = Vec::with_capacity(matches.checks.len());
+        // An override replaces the rules of a domain the rules define, as envoyproxy/ratelimit
+        // applies it; for a domain they do not, nothing is limited.
+        let known_domain = rules.domain(&request.domain).is_some();
         for (i, d) in request.descriptors.iter().enumerate() {
-            if let Some(o) = d.limit_override {
+            if let (Some(o), true) = (d.limit_override, known_domain) {
                 planned.extend(override_check(&request.domain, i, d, o, cost));
             }
         }

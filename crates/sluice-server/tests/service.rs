@@ -746,6 +746,24 @@ async fn envoy_answer_rules_hold_on_grpc_and_json() {
     let (_, j, _) = h.post("/json", &body).await;
     assert_eq!(j["statuses"][0]["durationUntilReset"], "59s");
 
+    // A limit override for a domain no rule defines applies no limit.
+    let mut d = descriptor(&[("client", "o")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Hour as i32,
+    });
+    let mut unknown = request(vec![d]);
+    unknown.domain = "nobody".into();
+    for _ in 0..3 {
+        let r = client
+            .should_rate_limit(unknown.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert!(r.statuses[0].current_limit.is_none());
+    }
+
     // A descriptor with no entries beside a limited one: not limited, not an error.
     let r = client
         .should_rate_limit(request(vec![
