@@ -162,6 +162,8 @@ struct Inner<C> {
     id: String,
     /// Live instances, as the last heartbeat counted them; 1 until then.
     instances: AtomicU64,
+    /// When the last heartbeat was answered (ns on the store's clock; 0: never).
+    last_beat: AtomicU64,
 }
 
 impl<C: Clock> std::fmt::Debug for HybridStore<C> {
@@ -200,6 +202,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 dropped: AtomicU64::new(0),
                 id: instance_id(),
                 instances: AtomicU64::new(1),
+                last_beat: AtomicU64::new(0),
             }),
         }
     }
@@ -288,19 +291,29 @@ impl<C: Clock + 'static> HybridStore<C> {
                 }
             }
         }
-        if entries.is_empty() {
-            // Nothing to push or read (every key idle or in the negative cache): no call at all,
-            // and no heartbeat either: an instance that admits nothing takes no share.
+        // The heartbeat goes with every sync that has keys to push or read, and on its own when
+        // half its time to live has passed: an idle instance stays counted, at one call per
+        // quarter of a second, and every key idle or negative-cached costs nothing.
+        let ttl = (inner.options.sync_interval * 20).max(Duration::from_millis(500));
+        let beat_due = now
+            .as_nanos()
+            .saturating_sub(inner.last_beat.load(Ordering::Relaxed))
+            >= u64::try_from((ttl / 2).as_nanos()).unwrap_or(u64::MAX);
+        if entries.is_empty() && !beat_due {
             inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
             return Ok(());
         }
-        let ttl = (inner.options.sync_interval * 20).max(Duration::from_millis(500));
         let (beat, synced) = tokio::join!(
             inner.redis.heartbeat(&inner.id, ttl),
             inner.redis.sync_batch(&entries, inner.options.batch)
         );
         if let Ok(n) = beat {
             inner.instances.store(n, Ordering::Relaxed);
+            inner.last_beat.store(now.as_nanos(), Ordering::Relaxed);
+        }
+        if entries.is_empty() {
+            inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
+            return beat.map(|_| ());
         }
         match synced {
             Ok(states) => {
@@ -369,11 +382,20 @@ impl<C: Clock + 'static> HybridStore<C> {
         inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
     }
 
-    /// This instance's share of `remaining` units: all of them when it is alone.
+    /// This instance's share of `remaining` units until the next sync: all of them when it is
+    /// alone; otherwise half of an even split, at least one unit while every instance can have
+    /// one.
+    ///
+    /// Half, because the other instances' units since their own last syncs are not in
+    /// `remaining` yet: if every instance took a full `remaining / n` on a count that misses
+    /// what the others took under their previous shares, together they would overshoot. Taking
+    /// half leaves room for those, and the remainder still halves with every sync interval. The
+    /// unit floor keeps the last few units from going unused; fewer than `n` may stay unused.
     fn share(&self, remaining: u64) -> u64 {
         match self.inner.instances.load(Ordering::Relaxed) {
             0 | 1 => u64::MAX,
-            n => remaining / n,
+            n if remaining < n => 0,
+            n => (remaining / (2 * n)).max(1),
         }
     }
 

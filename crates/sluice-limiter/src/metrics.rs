@@ -99,6 +99,7 @@ struct HybridSeries {
     over_admitted: Counter<u64, AtomicU64>,
     sync_failures: Counter<u64, AtomicU64>,
     dropped_units: Counter<u64, AtomicU64>,
+    instances: Gauge,
 }
 
 /// The Redis store's series, registered when the store is Redis.
@@ -416,6 +417,12 @@ impl Metrics {
                     "Units dropped unsynced because their window ended while Redis was away",
                     Counter::default(),
                 ),
+                instances: registered(
+                    registry,
+                    "hybrid_instances",
+                    "Live hybrid instances on this Redis and prefix, each taking its share",
+                    Gauge::default(),
+                ),
             }
         });
     }
@@ -467,6 +474,7 @@ impl Metrics {
             series
                 .negative_cached
                 .set(gauge(stats.negative_cached as u64));
+            series.instances.set(gauge(stats.instances));
             series
                 .over_admitted
                 .inner()

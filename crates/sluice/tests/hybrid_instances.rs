@@ -1,0 +1,282 @@
+//! Three `sluice serve` processes on the hybrid store, over one real Redis and over a real
+//! 3-master Cluster: 64 concurrent clients spread over them get within 5% of each limit (never
+//! more than 5% over, never more than 5% under), for every algorithm the hybrid store holds and
+//! limits from 100 to 10,000; and with Redis killed mid-run and restarted, no request gets an
+//! error and limits are met again once it is back. Real processes, real Redis, real HTTP.
+//!
+//! Each test prints the figures it measured.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use serde_json::{Value, json};
+use sluice_redis::testing::{RedisCluster, RedisServer, eventually, unique_prefix, wait_until};
+
+/// The four algorithms the hybrid store holds, each at three limits that do not refill while a
+/// test runs (a unit a minute, or a window of an hour or a month).
+fn rules() -> String {
+    let mut yaml = String::from("domain: hybrid\ndescriptors:\n");
+    for limit in LIMITS {
+        yaml.push_str(&format!(
+            "  - key: token_bucket\n    value: \"{limit}\"\n    rate_limit: {{algorithm: token_bucket, requests_per_unit: 1, unit: minute, burst: {limit}}}\n\
+             \x20 - key: gcra\n    value: \"{limit}\"\n    rate_limit: {{algorithm: gcra, requests_per_unit: 1, unit: minute, burst: {limit}}}\n\
+             \x20 - key: fixed_window\n    value: \"{limit}\"\n    rate_limit: {{algorithm: fixed_window, alignment: first_request, requests_per_unit: {limit}, window: 1h}}\n\
+             \x20 - key: sliding_counter\n    value: \"{limit}\"\n    rate_limit: {{algorithm: sliding_counter, requests_per_unit: {limit}, window: 30d}}\n"
+        ));
+    }
+    yaml
+}
+
+const LIMITS: [u64; 3] = [100, 1_000, 10_000];
+const ALGORITHMS: [&str; 4] = ["token_bucket", "gcra", "fixed_window", "sliding_counter"];
+
+/// A `sluice serve` child process, killed by PID when dropped.
+struct Instance {
+    child: Child,
+    http: String,
+}
+
+impl Instance {
+    fn start(rules: &Path, store: &str, prefix: &str) -> Instance {
+        let free = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.to_string())
+                .expect("a free port")
+        };
+        let (http, grpc) = (free(), free());
+        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--http-addr", &http, "--grpc-addr", &grpc])
+            .args(["--store", store, "--store-prefix", prefix])
+            .args(["--store-timeout-ms", "200", "--config"])
+            .arg(rules)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sluice starts");
+        let instance = Instance {
+            child,
+            http: format!("http://{http}"),
+        };
+        wait_until("sluice answers", || {
+            std::net::TcpStream::connect(&http).is_ok()
+        });
+        instance
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn body(key: &str, value: &str) -> Value {
+    json!({"domain": "hybrid", "descriptors": [{"entries": [{"key": key, "value": value}]}]})
+}
+
+/// The value of the first sample of `metric` in `instance`'s `/metrics`.
+async fn metric(client: &reqwest::Client, instance: &str, metric: &str) -> Option<f64> {
+    let text = client
+        .get(format!("{instance}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with(metric))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Counts of answers: admitted, refused, anything else (an error).
+#[derive(Default)]
+struct Answers {
+    ok: AtomicU64,
+    limited: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Sends `total` requests with `body` from 64 concurrent clients spread over `instances`.
+async fn send(client: &reqwest::Client, instances: &[String], body: Value, total: u64) -> Answers {
+    let answers = Arc::new(Answers::default());
+    let body = Arc::new(body);
+    let tasks: Vec<_> = (0..64u64)
+        .map(|c| {
+            let (client, body, answers) = (client.clone(), body.clone(), answers.clone());
+            let urls: Vec<String> = instances.iter().map(|u| format!("{u}/v1/check")).collect();
+            tokio::spawn(async move {
+                for i in (c..total).step_by(64) {
+                    let url = &urls[usize::try_from(i).unwrap() % urls.len()];
+                    let status = match client.post(url).json(&*body).send().await {
+                        Ok(r) => r.status().as_u16(),
+                        Err(_) => 0,
+                    };
+                    let counter = match status {
+                        200 => &answers.ok,
+                        429 => &answers.limited,
+                        _ => &answers.errors,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    Arc::try_unwrap(answers).unwrap_or_default()
+}
+
+/// Three instances on `store`, once each knows the other two.
+async fn three(dir: &Path, store: &str) -> (Vec<Instance>, Vec<String>, reqwest::Client) {
+    let path = dir.join("rules.yaml");
+    std::fs::write(&path, rules()).unwrap();
+    let prefix = unique_prefix();
+    let instances: Vec<Instance> = (0..3)
+        .map(|_| Instance::start(&path, store, &prefix))
+        .collect();
+    let urls: Vec<String> = instances.iter().map(|i| i.http.clone()).collect();
+    let client = reqwest::Client::new();
+    for url in &urls {
+        eventually("every instance counts three live instances", || {
+            let (client, url) = (client.clone(), url.clone());
+            async move { metric(&client, &url, "sluice_hybrid_instances").await == Some(3.0) }
+        })
+        .await;
+    }
+    (instances, urls, client)
+}
+
+async fn within_five_percent(store: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_instances, urls, client) = three(dir.path(), &format!("hybrid+{store}")).await;
+    let mut worst: f64 = 0.0;
+    for algorithm in ALGORITHMS {
+        for limit in LIMITS {
+            // Enough requests to pass the limit by a fifth, and at least 600 more than the limit:
+            // shares converge over a few sync intervals, which a small burst would not span.
+            let total = limit + (limit / 5).max(600);
+            let answers = send(&client, &urls, body(algorithm, &limit.to_string()), total).await;
+            let ok = answers.ok.load(Ordering::Relaxed);
+            assert_eq!(
+                answers.errors.load(Ordering::Relaxed),
+                0,
+                "{algorithm} {limit}"
+            );
+            let error = (ok as f64 - limit as f64) / limit as f64 * 100.0;
+            println!("hybrid on {store}: {algorithm} limit {limit}: admitted {ok} ({error:+.2}%)");
+            worst = if error.abs() > worst.abs() {
+                error
+            } else {
+                worst
+            };
+            assert!(
+                ok <= limit + limit / 20 && ok + limit / 20 >= limit,
+                "{algorithm} limit {limit} on {store}: admitted {ok}, more than 5% off"
+            );
+        }
+    }
+    println!("hybrid on {store}: worst error {worst:+.2}%");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_one_redis_stay_within_five_percent() {
+    let redis = RedisServer::start();
+    within_five_percent(&redis.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_a_cluster_stay_within_five_percent() {
+    let cluster = RedisCluster::start();
+    within_five_percent(&cluster.url()).await;
+}
+
+/// Redis is killed while clients send, and restarted empty: no request gets an error answer
+/// (the instances decide locally meanwhile), and once Redis is back a fresh limit is met within
+/// 5% again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_makes_no_error_answers_and_limits_hold_again() {
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (_instances, urls, client) = three(dir.path(), &format!("hybrid+{}", redis.url())).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (client, urls, stop) = (client.clone(), urls.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut totals = (0, 0);
+            while !stop.load(Ordering::Relaxed) {
+                let a = send(&client, &urls, body("gcra", "10000"), 640).await;
+                totals.0 += a.ok.load(Ordering::Relaxed) + a.limited.load(Ordering::Relaxed);
+                totals.1 += a.errors.load(Ordering::Relaxed);
+            }
+            totals
+        })
+    };
+    // Let some syncs happen, then kill Redis for a while, then bring it back.
+    eventually("the instances have synced some units", || {
+        let (client, url) = (client.clone(), urls[0].clone());
+        async move {
+            metric(&client, &url, "sluice_hybrid_over_admitted_units")
+                .await
+                .is_some()
+                && metric(&client, &url, "sluice_hybrid_pending_units")
+                    .await
+                    .is_some()
+        }
+    })
+    .await;
+    redis.kill();
+    eventually("an instance sees its syncs fail", || {
+        let (client, url) = (client.clone(), urls[0].clone());
+        async move {
+            metric(&client, &url, "sluice_hybrid_sync_failures_total")
+                .await
+                .unwrap_or(0.0)
+                >= 3.0
+        }
+    })
+    .await;
+    redis.restart();
+    eventually("every instance syncs again", || {
+        let (client, urls) = (client.clone(), urls.clone());
+        async move {
+            for url in &urls {
+                let lag = metric(&client, url, "sluice_hybrid_sync_lag_seconds").await;
+                if !lag.is_some_and(|l| l < 0.2) {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let (answered, errors) = load.await.unwrap();
+    println!("hybrid with redis killed: {answered} answered, {errors} errors");
+    assert_eq!(errors, 0, "no error answers while Redis was away");
+    assert!(answered > 0);
+    for url in &urls {
+        eventually("each instance counts three live instances again", || {
+            let (client, url) = (client.clone(), url.clone());
+            async move { metric(&client, &url, "sluice_hybrid_instances").await == Some(3.0) }
+        })
+        .await;
+    }
+    for algorithm in ALGORITHMS {
+        let answers = send(&client, &urls, body(algorithm, "1000"), 1200).await;
+        let ok = answers.ok.load(Ordering::Relaxed);
+        println!("hybrid after redis returned: {algorithm} limit 1000: admitted {ok}");
+        assert_eq!(answers.errors.load(Ordering::Relaxed), 0);
+        assert!((950..=1050).contains(&ok), "{algorithm}: admitted {ok}");
+    }
+}
