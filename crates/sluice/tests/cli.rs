@@ -378,3 +378,40 @@ fn validate_with_a_store_refuses_limits_it_cannot_hold_without_contacting_it() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown store `mongodb://x`"));
 }
+
+#[test]
+fn validate_with_a_hybrid_store_refuses_the_sliding_log_with_its_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(
+        &path,
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {name: log, algorithm: sliding_log, requests_per_unit: 10, unit: minute}\n",
+    )
+    .unwrap();
+    let run = |store: &str| {
+        sluice()
+            .arg("validate")
+            .arg(&path)
+            .args(["--store", store])
+            .output()
+            .unwrap()
+    };
+    // Nothing listens on port 1: the URL is only read.
+    let out = run("hybrid+redis://127.0.0.1:1?sync_interval=10ms");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = format!(
+        "{}:4:17: rule \"log\" cannot be held by the hybrid store: sliding_log",
+        path.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+    let out = run("redis://127.0.0.1:1");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run("hybrid+redis://127.0.0.1:1?sync=1ms");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown parameter `sync=1ms`"));
+}
