@@ -18,8 +18,8 @@ use std::time::Duration;
 use sluice_core::algorithm::TokenBucketState;
 use sluice_core::algorithm::{FixedWindowState, SlidingCounterState, SlidingLogState};
 use sluice_core::{
-    Alignment, Decision, FixedWindow, Gcra, LeakyQueue, Policy, Rate, SlidingCounter, SlidingLog,
-    Timestamp, TokenBucket,
+    Alignment, BucketedWindow, BucketedWindowState, Decision, FixedWindow, Gcra, LeakyQueue,
+    Policy, Rate, SlidingCounter, SlidingLog, Timestamp, TokenBucket,
 };
 use sluice_redis::testing::{self, check_script, decode_replies, push_check};
 
@@ -78,6 +78,8 @@ enum State {
     FixedWindow(FixedWindowState),
     SlidingLog(SlidingLogState, Vec<(u64, u64)>),
     SlidingCounter(SlidingCounterState),
+    /// The buckets, and the bucket length in nanoseconds (for their starts).
+    BucketedWindow(BucketedWindowState, u64),
 }
 
 /// The state of a key never seen, for `policy` at `now`.
@@ -88,8 +90,8 @@ fn fresh(policy: &Policy, now: Timestamp) -> State {
         Policy::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
         Policy::SlidingLog(_) => State::SlidingLog(SlidingLogState::default(), Vec::new()),
         Policy::SlidingCounter(_) => State::SlidingCounter(SlidingCounterState::default()),
-        Policy::BucketedWindow(_) => {
-            panic!("the redis store refuses bucketed_window when rules load")
+        Policy::BucketedWindow(bw) => {
+            State::BucketedWindow(BucketedWindowState::default(), nanos(bw.bucket()))
         }
     }
 }
@@ -136,6 +138,15 @@ fn decide(policy: &Policy, state: &State, now: Timestamp, cost: u64) -> (Decisio
                 .unwrap_or_default();
             (d, State::SlidingLog(s, list), token)
         }
+        (Policy::BucketedWindow(bw), State::BucketedWindow(s, bucket)) => {
+            let d = bw.decide(s, now, cost);
+            let mut s = s.clone();
+            if d.allowed && cost > 0 {
+                bw.record(&mut s, now, cost);
+            }
+            let token = (s.buckets().0 * bucket).to_string();
+            (d, State::BucketedWindow(s, *bucket), token)
+        }
         (p, s) => panic!("{p:?} cannot decide on {s:?}"),
     }
 }
@@ -149,8 +160,22 @@ fn stored(state: &State, queue: bool) -> Option<String> {
         State::SlidingCounter(s) => {
             format!("6 {} {} {}", s.start.as_nanos(), s.current, s.previous)
         }
+        State::BucketedWindow(s, bucket) => {
+            // The newest bucket's start, then the counts newest first, older zeros left off.
+            let (newest, counts) = s.buckets();
+            let mut counts: Vec<u32> = counts.into_iter().rev().collect();
+            while counts.len() > 1 && counts.last() == Some(&0) {
+                counts.pop();
+            }
+            let counts: Vec<String> = counts.iter().map(u32::to_string).collect();
+            format!("7 {} {}", newest * bucket, counts.join(" "))
+        }
         State::SlidingLog(..) => return None,
     })
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap()
 }
 
 /// The list the script must store for a sliding log.
@@ -418,6 +443,17 @@ fn policies() -> Vec<(Policy, u64)> {
             250_000_000,
         ),
         (p(SlidingCounter::new(5, sec).map(Policy::from)), E9),
+        (p(BucketedWindow::new(5, sec, 4).map(Policy::from)), E9),
+        (p(BucketedWindow::new(3, sec, 1).map(Policy::from)), E9),
+        // An hour in minutes, and the most buckets a window may have.
+        (
+            p(BucketedWindow::new(20, hour, 60).map(Policy::from)),
+            3_600 * E9,
+        ),
+        (
+            p(BucketedWindow::new(1_000, Duration::from_millis(1024), 1024).map(Policy::from)),
+            E9,
+        ),
         // Weighted counts whose products pass 2⁵³.
         (
             p(SlidingCounter::new(4_000_000, Duration::from_secs(60)).map(Policy::from)),

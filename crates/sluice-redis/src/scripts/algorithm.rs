@@ -18,7 +18,6 @@ pub(crate) const fn code(algorithm: Algorithm) -> u8 {
         Algorithm::FixedWindow => 4,
         Algorithm::SlidingLog => 5,
         Algorithm::SlidingCounter => 6,
-        // Reserved: the scripts do not hold it yet (see `exact::check_exact`).
         Algorithm::BucketedWindow => 7,
     }
 }

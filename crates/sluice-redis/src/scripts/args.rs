@@ -10,6 +10,7 @@
 //! | fixed window | limit | window (ns) | 1 if clock-aligned | a window start near now |
 //! | sliding log | limit | window (ns) | | |
 //! | sliding counter | limit | window (ns) | | a window start near now |
+//! | bucketed window | limit | bucket (ns) | buckets in the window | a bucket start near now |
 //!
 //! The algorithm code is [`code`] of the policy's algorithm.
 //!
@@ -92,9 +93,15 @@ pub(crate) fn push_check(
                 (n - n % window).to_string(),
             ]
         }
-        // `check_exact` refused it above.
-        Policy::BucketedWindow(_) => {
-            return Err(StoreError::Rejected(super::exact::NO_BUCKETS.to_owned()));
+        Policy::BucketedWindow(bw) => {
+            let bucket = nanos_of(bw.bucket());
+            let n = now.as_nanos();
+            [
+                bw.limit().to_string(),
+                bucket.to_string(),
+                bw.sub_windows().to_string(),
+                (n - n % bucket).to_string(),
+            ]
         }
     };
     args.push(code(policy.algorithm()).to_string());

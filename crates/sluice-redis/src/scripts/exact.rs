@@ -20,10 +20,6 @@ const LONG_WINDOW: u64 = 1 << 55;
 const LONG_WINDOW_SPAN: &str =
     "about 417 days: its scripts compute in Lua doubles, exact below 2^55 ns in whole microseconds";
 
-/// Why the redis store refuses a bucketed window, for messages.
-pub(super) const NO_BUCKETS: &str = "the redis store does not hold bucketed_window yet; use \
-    sliding_counter (two counters a key) or sliding_log (exact) on Redis, or the memory store";
-
 /// Why the redis store cannot hold a length, for messages.
 const EXACT_SPAN: &str = "about 104 days: its scripts compute in Lua doubles, exact below 2^53 ns";
 
@@ -62,7 +58,10 @@ pub(crate) fn check_exact(policy: &Policy) -> Result<(), String> {
         Policy::SlidingCounter(sc) => {
             exact_nanos("window", sc.window())?;
         }
-        Policy::BucketedWindow(_) => return Err(NO_BUCKETS.to_owned()),
+        // The limit is at most u32::MAX, and the buckets' starts lie within the window of now.
+        Policy::BucketedWindow(bw) => {
+            exact_nanos("window", bw.window())?;
+        }
     }
     Ok(())
 }
@@ -162,17 +161,10 @@ fn days(nanos: u128) -> String {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn a_bucketed_window_is_refused_with_what_to_use_instead() {
-        let p = sluice_core::BucketedWindow::new(5, Duration::from_secs(60), 6).unwrap();
-        let reason = check_exact(&p.into()).unwrap_err();
-        assert!(reason.contains("sliding_counter"), "{reason}");
-    }
-
     use super::*;
     use sluice_core::{
-        Alignment, FixedWindow, Gcra, LeakyQueue, SlidingCounter, SlidingLog, TokenBucket,
+        Alignment, BucketedWindow, FixedWindow, Gcra, LeakyQueue, SlidingCounter, SlidingLog,
+        TokenBucket,
     };
 
     const DAY: Duration = Duration::from_secs(86_400);
@@ -194,9 +186,10 @@ mod tests {
 
     #[test]
     fn sliding_windows_are_held_up_to_104_days() {
-        let windows: [fn(Duration) -> Policy; 2] = [
+        let windows: [fn(Duration) -> Policy; 3] = [
             |w| SlidingLog::new(10, w).unwrap().into(),
             |w| SlidingCounter::new(10, w).unwrap().into(),
+            |w| BucketedWindow::new(10, w, 1).unwrap().into(),
         ];
         for window in windows {
             assert_eq!(check_exact(&window(LONGEST)), Ok(()));

@@ -12,7 +12,8 @@
 //!
 //! `EVALSHA` runs a script's whole body on every call, so every `local function` and every table
 //! in it is created anew and then collected. [`CHECK`] therefore decides a call of one check
-//! (nearly every call) in straight-line code on locals: one `GET` (or a few list reads for the
+//! (nearly every call but the bucketed window's, which loops over its buckets in the general
+//! path) in straight-line code on locals: one `GET` (or a few list reads for the
 //! sliding log), one `SET … PX`, no table, and no function but `mul_div` (token
 //! bucket, sliding counter) and the log's entry parser. On Redis 7.0 each C function call or
 //! string conversion in a script also costs a few hundred nanoseconds, so that path converts
@@ -73,7 +74,9 @@
 //!
 //! One key per counter. Every algorithm but the sliding log keeps a string, `"<alg> <x> [<y>
 //! [<z>]]"`: the algorithm code (see `algorithm.rs`; a counter found under another algorithm
-//! counts as fresh, as in the memory store) and up to three state fields. A string is read with
+//! counts as fresh, as in the memory store) and up to three state fields; the bucketed window's
+//! string holds its newest bucket's start and then one count per bucket, newest first, without
+//! the trailing (oldest) empty ones. A string is read with
 //! one `GET` and written with one `SET … PX`, state and TTL together. The sliding log keeps a
 //! list: a header holding the total of its units, then one `"<nanos> <units>"` entry per
 //! distinct arrival time, oldest first. Every write sets the key's TTL to when the counter is

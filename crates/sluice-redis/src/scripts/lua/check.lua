@@ -7,8 +7,10 @@
 
 -- One check, the common case: straight-line code on locals, with no table and no
 -- function created (but mul_div, for the token bucket and the sliding counter). Each algorithm
--- decides exactly as its function in the general path below, and as the core.
-if #KEYS == 1 then
+-- decides exactly as its function in the general path below, and as the core. The bucketed
+-- window takes the general path even alone: it sums and shifts up to 1,024 buckets, which a table
+-- does best, and costs that loop whichever path runs it.
+if #KEYS == 1 and ARGV[3] ~= BUCKETED_WINDOW then
   -- Every C function call and string conversion shows in the rate here, so numbers are
   -- converted by arithmetic (`x + 0`, one conversion; `tonumber` makes two, and a call) and the
   -- algorithm code is compared as a string.
@@ -551,6 +553,64 @@ local function sliding_counter(v, cost, limit, w, ref)
   return after, 1, remaining - cost, reset_after(after), 0, 0
 end
 
+-- The bucketed window (limit, bucket length b, n buckets, ref a bucket start near now). The state
+-- is the start of the newest bucket it holds and the counts, newest first: counts[j + 1] is the
+-- bucket j lengths before it.
+local function bucketed_window(v, cost, limit, b, n, ref)
+  local cur = grid_start(rel(ref), b)
+  local counts = {}
+  local shift = 0
+  if v == nil then
+    shift = n
+  elseif cur <= v.start then
+    -- A clock behind the newest bucket counts as that bucket: no time passes.
+    cur = v.start
+  else
+    shift = math.min(floor_div(cur - v.start, b), n)
+  end
+  local used = 0
+  for j = 1, n do
+    local c = 0
+    if j > shift then c = v.counts[j - shift] or 0 end
+    counts[j] = c
+    used = used + c
+  end
+  -- Time from now until the bucket j lengths before the current one leaves the window.
+  local function leaves(j) return sat(cur + (n - j) * b - now) end
+  local function last_leaves()
+    for j = 1, n do
+      if counts[j] > 0 then return leaves(j - 1) end
+    end
+    return 0
+  end
+  local s = {start = cur, counts = counts}
+  local remaining = sat(limit - used)
+  local need = math.max(cost, 1)
+  if need > limit then return s, 0, remaining, last_leaves(), -1, 0 end
+  if need <= remaining then
+    local reset = last_leaves()
+    if cost > 0 then
+      local after = {}
+      for j = 1, n do after[j] = counts[j] end
+      after[1] = after[1] + cost
+      s = {start = cur, counts = after}
+      reset = leaves(0)
+    end
+    return s, 1, remaining - cost, reset, 0, 0
+  end
+  -- Wait until enough of the oldest buckets leave to make room.
+  local freed = 0
+  local retry = leaves(0)
+  for j = n, 1, -1 do
+    freed = freed + counts[j]
+    if remaining + freed >= need then
+      retry = leaves(j - 1)
+      break
+    end
+  end
+  return s, 0, remaining, last_leaves(), retry, 0
+end
+
 local function sliding_log(key, v, cost, limit, w)
   local remaining = sat(limit - v.total)
   local need = math.max(cost, 1)
@@ -630,6 +690,8 @@ for i = 1, n do
     nv, allowed, remaining, reset, retry, delay = fixed_window(v, cost, p1, p2, p3, p4s)
   elseif alg == SLIDING_LOG then
     nv, allowed, remaining, reset, retry, delay = sliding_log(key, v, cost, p1, p2)
+  elseif alg == BUCKETED_WINDOW then
+    nv, allowed, remaining, reset, retry, delay = bucketed_window(v, cost, p1, p2, p3, p4s)
   else
     nv, allowed, remaining, reset, retry, delay = sliding_counter(v, cost, p1, p2, p4s)
   end
@@ -645,7 +707,9 @@ for i = 1, n do
     st.dirty = true
     st.reset = reset
     if alg == SLIDING_LOG then token = absolute(nv.back_at)
-    elseif alg == FIXED_WINDOW or alg == SLIDING_COUNTER then token = absolute(nv.start) end
+    elseif alg == FIXED_WINDOW or alg == SLIDING_COUNTER or alg == BUCKETED_WINDOW then
+      token = absolute(nv.start)
+    end
   end
   if allowed == 0 then all = false end
   if token == '' then token = '-' end

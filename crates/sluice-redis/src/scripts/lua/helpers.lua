@@ -89,11 +89,19 @@ local function grid_start(r, w)
   return r + floor_div(now - r, w) * w
 end
 
--- A counter's stored value, "<alg> <x> [<y> [<z>]]", decoded for algorithm alg, or nil when
--- fresh (absent, or stored under another algorithm). GCRA and the queue keep their time as a
+-- A counter's stored value, "<alg> <x> [<y> [<z>]]" (the bucketed window: "<alg> <x> <c>..."),
+-- decoded for algorithm alg, or nil when fresh (absent, or stored under another algorithm). GCRA and the queue keep their time as a
 -- backlog b, ns after now (negative when past).
 local function decode(alg, raw)
   if raw == nil then return nil end
+  if alg == BUCKETED_WINDOW then
+    -- "<alg> <newest bucket start> <count>...", counts newest first, older zeros left off.
+    local a, start, rest = string.match(raw, '^(%d+) (%d+)(.*)$')
+    if a ~= alg then return nil end
+    local counts = {}
+    for c in string.gmatch(rest, '%d+') do counts[#counts + 1] = tonumber(c) end
+    return {start = rel(start), counts = counts}
+  end
   local a, x, y, z = string.match(raw, '^(%d+) (%S+) ?(%S*) ?(%S*)$')
   if a ~= alg then return nil end
   if alg == TOKEN_BUCKET then return {tokens = tonumber(x), last = rel(y)} end
@@ -106,6 +114,13 @@ local function decode(alg, raw)
 end
 
 local function encode(alg, v)
+  if alg == BUCKETED_WINDOW then
+    local last = #v.counts
+    while last > 1 and v.counts[last] == 0 do last = last - 1 end
+    local parts = {alg, absolute(v.start)}
+    for j = 1, last do parts[#parts + 1] = int(v.counts[j]) end
+    return table.concat(parts, ' ')
+  end
   if alg == TOKEN_BUCKET then return alg .. ' ' .. int(v.tokens) .. ' ' .. absolute(v.last) end
   if alg == GCRA or alg == LEAKY_QUEUE then return alg .. ' ' .. after_now(v.b) end
   if alg == FIXED_WINDOW then return alg .. ' ' .. absolute(v.start) .. ' ' .. int(v.count) end

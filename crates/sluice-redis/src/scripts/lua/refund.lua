@@ -56,6 +56,16 @@ for i = #KEYS, 1, -1 do
         v.current = sat(v.current - cost)
       elseif alg == SLIDING_COUNTER and absolute(v.start - p2) == token then
         v.previous = sat(v.previous - cost)
+      elseif alg == BUCKETED_WINDOW then
+        -- The bucket the check counted in, if the window still holds it.
+        changed = false
+        for j = 1, #v.counts do
+          if absolute(v.start - (j - 1) * p2) == token then
+            v.counts[j] = sat(v.counts[j] - cost)
+            changed = true
+            break
+          end
+        end
       else
         changed = false
       end
