@@ -110,9 +110,11 @@ impl BucketedWindow {
     }
 
     /// The count of bucket `index` if it is live in a window whose newest bucket is `current`.
+    /// A state of another split (a policy changed under a key) counts as empty, as
+    /// [`BucketedWindow::record`] then starts it anew.
     fn count(&self, state: &BucketedWindowState, current: u64, index: u64) -> u64 {
         let n = u64::from(self.sub_windows);
-        if state.counts.is_empty() || index > state.newest || index + n <= current {
+        if state.counts.len() as u64 != n || index > state.newest || index + n <= current {
             return 0;
         }
         u64::from(state.counts[(index % n) as usize])
@@ -276,6 +278,19 @@ mod tests {
         assert!(d.allowed);
         assert_eq!(d.remaining, 2);
         assert_eq!(d.reset_after, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_state_of_another_split_counts_as_empty() {
+        let six = BucketedWindow::new(2, MINUTE, 6).unwrap();
+        let twelve = BucketedWindow::new(2, MINUTE, 12).unwrap();
+        let mut s = BucketedWindowState::default();
+        assert!(hit(&six, &mut s, 0).allowed);
+        assert!(hit(&six, &mut s, 55).allowed);
+        let d = hit(&twelve, &mut s, 59);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 1);
+        assert_eq!(s.buckets().1.len(), 12);
     }
 
     #[test]
