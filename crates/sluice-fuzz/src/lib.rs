@@ -140,6 +140,7 @@ pub fn http_api(data: &[u8]) {
         limiter: s.limiter.clone(),
         admin_token: None,
         headers: HeaderStyle::Ietf,
+        envoy: Default::default(),
     });
     let request = Request::post(path)
         .header("content-type", "application/json")

@@ -87,7 +87,8 @@ async fn readyz(State(state): State<AdminState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<AdminState>) -> Response {
+/// `GET /metrics`: the limiter's metrics in the OpenMetrics text format.
+pub async fn metrics(State(state): State<AdminState>) -> Response {
     let mut response = state.limiter.render_metrics().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -10,6 +10,7 @@ use sluice_limiter::limits::MAX_BODY;
 use sluice_limiter::{HeaderStyle, Limiter};
 use tonic::{Request, Response, Status};
 
+use crate::compat::EnvoyAnswers;
 use crate::envoy::{RateLimitRequest, RateLimitResponse, to_limit_request, to_response};
 
 /// The gRPC rate-limit service.
@@ -18,12 +19,24 @@ pub struct RlsService {
     limiter: Arc<Limiter>,
     /// Which rate-limit headers to ask Envoy to add to the client's response.
     headers: HeaderStyle,
+    /// The service-wide settings envoyproxy/ratelimit applies to every answer.
+    answers: EnvoyAnswers,
 }
 
 impl RlsService {
     /// A service deciding with `limiter`, adding `headers` to responses.
     pub fn new(limiter: Arc<Limiter>, headers: HeaderStyle) -> Self {
-        RlsService { limiter, headers }
+        RlsService {
+            limiter,
+            headers,
+            answers: EnvoyAnswers::default(),
+        }
+    }
+
+    /// The same service, finishing every answer with `answers`.
+    pub fn with_answers(mut self, answers: EnvoyAnswers) -> Self {
+        self.answers = answers;
+        self
     }
 
     /// The tonic server for this service.
@@ -56,6 +69,7 @@ impl RateLimitService for RlsService {
                 })
                 .collect();
         }
+        self.answers.finish(&mut response);
         Ok(Response::new(response))
     }
 }

@@ -17,6 +17,8 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod api;
+pub mod compat;
+pub mod debug;
 pub mod envoy;
 pub mod grpc;
 
@@ -55,6 +57,37 @@ pub struct ServeOptions {
     /// How long HTTP clients may take to send a request head, and how idle h2 connections
     /// (HTTP and gRPC) are checked.
     pub connections: ConnectionLimits,
+    /// Service-wide settings of the Envoy answers (global shadow mode, rate-limit headers).
+    pub envoy: compat::EnvoyAnswers,
+    /// Where the debug listener serves `/rlconfig` and the admin endpoints (none unless given).
+    pub debug_addr: Option<SocketAddr>,
+    /// Where a listener serves only the metrics, at `metrics_path` (none unless given).
+    pub metrics_addr: Option<SocketAddr>,
+    /// The path of the metrics on `metrics_addr`.
+    pub metrics_path: String,
+    /// TLS on the gRPC listener, mutual when it names the clients' CA.
+    pub grpc_tls: Option<GrpcTls>,
+}
+
+/// TLS for the gRPC listener, from PEM files' contents.
+#[derive(Clone)]
+pub struct GrpcTls {
+    /// The server's certificate chain.
+    pub cert: Vec<u8>,
+    /// The server's private key.
+    pub key: Vec<u8>,
+    /// The CA that clients' certificates must chain to; with it, a client without a valid
+    /// certificate is refused in the handshake (mutual TLS).
+    pub client_ca: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for GrpcTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("GrpcTls")
+            .field("mutual", &self.client_ca.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ServeOptions {
@@ -71,6 +104,11 @@ impl ServeOptions {
             reload_debounce: Duration::from_millis(250),
             store_settings: StoreSettings::default(),
             connections: ConnectionLimits::default(),
+            envoy: compat::EnvoyAnswers::default(),
+            debug_addr: None,
+            metrics_addr: None,
+            metrics_path: "/metrics".to_owned(),
+            grpc_tls: None,
         }
     }
 }
@@ -89,6 +127,9 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
+    /// The gRPC listener's TLS settings were refused.
+    #[error("gRPC TLS: {0}")]
+    Tls(String),
 }
 
 /// A running service.
@@ -140,33 +181,75 @@ impl Server {
         );
         let (stop, stopped) = watch::channel(false);
 
+        let admin_token: Option<Arc<str>> = options.admin_token.map(Arc::from);
         let state = api::ApiState {
             limiter: limiter.clone(),
-            admin_token: options.admin_token.map(Arc::from),
+            admin_token: admin_token.clone(),
             headers: options.http_headers,
+            envoy: options.envoy.clone(),
         };
         let app = api::router(state);
-        let http_task = tokio::spawn(sluice_http::serve::serve_connections(
+        let mut tasks = vec![tokio::spawn(sluice_http::serve::serve_connections(
             http,
             app,
             stopped.clone(),
             options.connections,
-        ));
+        ))];
+        let admin_state = sluice_http::admin::AdminState {
+            limiter: limiter.clone(),
+            admin_token,
+        };
+        if let Some(addr) = options.debug_addr {
+            let listener = bind(addr).await?;
+            tracing::info!(addr = %local(&listener, addr), "debug listener: /rlconfig and the admin endpoints");
+            tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
+                listener,
+                debug::router(admin_state.clone()),
+                stopped.clone(),
+                options.connections,
+            )));
+        }
+        if let Some(addr) = options.metrics_addr {
+            let listener = bind(addr).await?;
+            let path = if options.metrics_path.starts_with('/') {
+                options.metrics_path.clone()
+            } else {
+                format!("/{}", options.metrics_path)
+            };
+            tracing::info!(addr = %local(&listener, addr), %path, "metrics listener");
+            let metrics = axum::Router::new()
+                .route(&path, axum::routing::get(sluice_http::admin::metrics))
+                .with_state(admin_state);
+            tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
+                listener,
+                metrics,
+                stopped.clone(),
+                options.connections,
+            )));
+        }
 
         let (health_reporter, health) = tonic_health::server::health_reporter();
         health_reporter
             .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<grpc::RlsService>>()
             .await;
-        let rls = grpc::RlsService::new(limiter.clone(), options.grpc_headers).into_server();
+        let rls = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
+            .with_answers(options.envoy.clone())
+            .into_server();
         let mut grpc_stop = stopped.clone();
         let limits = options.connections;
-        let grpc_task = tokio::spawn(async move {
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &options.grpc_tls {
+            builder = builder
+                .tls_config(tls_config(tls))
+                .map_err(|e| StartError::Tls(e.to_string()))?;
+        }
+        tasks.push(tokio::spawn(async move {
             let incoming = tokio_stream_listener(grpc);
             let shutdown = async move {
                 let _ = grpc_stop.wait_for(|s| *s).await;
             };
             // An h2 client that stops answering pings is dropped.
-            let served = tonic::transport::Server::builder()
+            let served = builder
                 .http2_keepalive_interval(Some(limits.h2_keep_alive))
                 .http2_keepalive_timeout(Some(limits.h2_keep_alive))
                 .add_service(health)
@@ -176,19 +259,20 @@ impl Server {
             if let Err(e) = served {
                 tracing::error!(error = %e, "gRPC server failed");
             }
-        });
+        }));
         let sampler = sluice_limiter::activity::sample_every(
             &limiter,
             std::time::Duration::from_secs(1),
             stopped.clone(),
         );
-        tracing::info!(%http_addr, %grpc_addr, store = %options.store, "sluice is serving");
+        tasks.push(sampler);
+        tracing::info!(%http_addr, %grpc_addr, store = %options.store, tls = options.grpc_tls.is_some(), "sluice is serving");
         Ok(Server {
             http_addr,
             grpc_addr,
             limiter,
             stop,
-            tasks: vec![http_task, grpc_task, sampler],
+            tasks,
             _watcher: watcher,
         })
     }
@@ -215,6 +299,17 @@ impl Server {
         for t in self.tasks {
             let _ = t.await;
         }
+    }
+}
+
+/// tonic's TLS settings from PEM contents: the server's identity, and the clients' CA when
+/// the TLS is mutual.
+fn tls_config(tls: &GrpcTls) -> tonic::transport::ServerTlsConfig {
+    let identity = tonic::transport::Identity::from_pem(&tls.cert, &tls.key);
+    let config = tonic::transport::ServerTlsConfig::new().identity(identity);
+    match &tls.client_ca {
+        Some(ca) => config.client_ca_root(tonic::transport::Certificate::from_pem(ca)),
+        None => config,
     }
 }
 

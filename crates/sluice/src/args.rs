@@ -54,6 +54,16 @@ impl ConnectionArgs {
             ..Default::default()
         }
     }
+
+    /// The defaults of every option, as when none is given.
+    pub(crate) fn defaults() -> Self {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            connections: ConnectionArgs,
+        }
+        <Defaults as clap::Parser>::parse_from(["defaults"]).connections
+    }
 }
 
 /// Where counters live.
@@ -77,6 +87,7 @@ impl StoreArgs {
         StoreSettings {
             prefix: self.store_prefix.clone(),
             timeout: Duration::from_millis(self.store_timeout_ms),
+            tls_root_cert: None,
         }
     }
 }
@@ -122,10 +133,10 @@ impl From<Headers> for HeaderStyle {
     }
 }
 
-/// Starts logging, with `SLUICE_LOG` as the filter (`info` by default).
-pub(crate) fn init_logging(format: LogFormat) {
+/// Starts logging, with `SLUICE_LOG` as the filter (`default_filter` without it).
+pub(crate) fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     // Colour only for a person at a terminal: a file, a pipe or a log collector gets plain text,
     // and NO_COLOR (no-color.org) turns it off everywhere.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
@@ -179,7 +190,15 @@ pub(crate) fn raise_open_files_limit() -> u64 {
 
 /// Starts logging and the async runtime, as every long-running command does.
 pub(crate) fn start_runtime(log: &LogArgs) -> anyhow::Result<tokio::runtime::Runtime> {
-    init_logging(log.log_format);
+    start_runtime_logging(log.log_format, "info")
+}
+
+/// Starts logging with `default_filter` and the async runtime.
+pub(crate) fn start_runtime_logging(
+    format: LogFormat,
+    default_filter: &str,
+) -> anyhow::Result<tokio::runtime::Runtime> {
+    init_logging(format, default_filter);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

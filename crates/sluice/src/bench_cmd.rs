@@ -141,7 +141,7 @@ pub(crate) fn run(target: BenchTarget) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let (report, json) = match target {
             BenchTarget::Upstream { listen } => {
-                crate::args::init_logging(crate::args::LogFormat::Pretty);
+                crate::args::init_logging(crate::args::LogFormat::Pretty, "info");
                 let listener = tokio::net::TcpListener::bind(listen)
                     .await
                     .with_context(|| format!("cannot listen on {listen}"))?;

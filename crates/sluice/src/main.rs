@@ -3,8 +3,10 @@
 
 mod args;
 mod bench_cmd;
+mod envoy_env;
 mod simulate_cmd;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,8 +18,8 @@ use sluice_rules::RuleSet;
 use sluice_server::{ServeOptions, Server};
 
 use crate::args::{
-    ConnectionArgs, Headers, LogArgs, RulesArgs, StoreArgs, raise_open_files_limit,
-    run_until_stopped, start_runtime,
+    ConnectionArgs, Headers, LogArgs, LogFormat, RulesArgs, StoreArgs, raise_open_files_limit,
+    run_until_stopped, start_runtime, start_runtime_logging,
 };
 
 /// The binary allocates per request on every path (headers, JSON, protobuf, keys); mimalloc's
@@ -89,6 +91,11 @@ struct ServeArgs {
     /// Rate-limit headers Envoy is asked to add to its responses.
     #[arg(long, env = "SLUICE_GRPC_HEADERS", value_enum, default_value = "none")]
     grpc_headers: Headers,
+    /// Take every setting from envoyproxy/ratelimit's environment variables (RUNTIME_ROOT,
+    /// REDIS_URL, GRPC_PORT, …), as the binary does when started under the name `ratelimit`;
+    /// given alone, with no other option.
+    #[arg(long)]
+    envoy_env: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -145,6 +152,17 @@ struct ProxyArgs {
 }
 
 fn main() -> ExitCode {
+    let mut argv = std::env::args_os();
+    let name = argv
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let rest: Vec<_> = argv.collect();
+    if name.as_deref() == Some("ratelimit")
+        || (rest.len() == 2 && rest[0] == "serve" && rest[1] == "--envoy-env")
+    {
+        return exit(serve_envoy_env());
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { paths, store } => validate(&paths, store.as_deref()),
@@ -165,7 +183,49 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
+/// Serves with envoyproxy/ratelimit's environment variables as the only settings.
+fn serve_envoy_env() -> anyhow::Result<()> {
+    let vars: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let launch = envoy_env::launch(&vars).map_err(anyhow::Error::msg)?;
+    let format = if launch.log_json {
+        LogFormat::Json
+    } else {
+        LogFormat::Pretty
+    };
+    let runtime = start_runtime_logging(format, launch.log_filter)?;
+    if !launch.not_honoured.is_empty() {
+        tracing::warn!(
+            "environment variables not honoured: {}",
+            launch.not_honoured.join("; ")
+        );
+    }
+    if !launch.not_needed.is_empty() {
+        tracing::info!(
+            "environment variables with nothing to do (one multiplexed connection per Redis node): {}",
+            launch.not_needed.join(", ")
+        );
+    }
+    let open_files = raise_open_files_limit();
+    let connections = ConnectionArgs::defaults();
+    let deadline = connections.shutdown_timeout;
+    let mut options = launch.options;
+    options.connections = connections.limits(open_files);
+    let start = async move {
+        let server = Server::start(options).await?;
+        shutdown_signal().await;
+        Ok(server)
+    };
+    run_until_stopped(runtime, deadline, start, |server| {
+        Box::pin(server.shutdown())
+    })
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if args.envoy_env {
+        anyhow::bail!("--envoy-env takes every setting from the environment: give it alone");
+    }
     let runtime = start_runtime(&args.log)?;
     let open_files = raise_open_files_limit();
     let deadline = args.connections.shutdown_timeout;

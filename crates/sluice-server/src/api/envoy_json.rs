@@ -9,7 +9,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use sluice_http::problem::Problem;
 
-use super::{ApiState, decide, status_of};
+use axum::http::StatusCode;
+
+use super::{ApiState, decide};
 use crate::envoy::{Code, EnvoyUnit, to_response};
 
 fn code_name(code: i32) -> &'static str {
@@ -51,6 +53,14 @@ struct JsonLimit<'a> {
 struct JsonResponse<'a> {
     overall_code: &'static str,
     statuses: Vec<JsonStatus<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    response_headers_to_add: Vec<JsonHeader<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonHeader<'a> {
+    key: &'a str,
+    value: &'a str,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -63,7 +73,8 @@ pub(super) async fn envoy_json(
     body: Body,
 ) -> Result<Response, Problem> {
     let (request, verdict) = decide(&state, body).await?;
-    let response = to_response(&verdict, request.descriptors.len());
+    let mut response = to_response(&verdict, request.descriptors.len());
+    state.envoy.finish(&mut response);
     let statuses = response
         .statuses
         .iter()
@@ -86,6 +97,20 @@ pub(super) async fn envoy_json(
     let body = JsonResponse {
         overall_code: code_name(response.overall_code),
         statuses,
+        response_headers_to_add: response
+            .response_headers_to_add
+            .iter()
+            .map(|h| JsonHeader {
+                key: &h.key,
+                value: &h.value,
+            })
+            .collect(),
     };
-    Ok((status_of(&verdict), axum::Json(body)).into_response())
+    // The HTTP status follows the answer's code, so a shadow-mode answer is a 200.
+    let status = if response.overall_code == Code::OverLimit as i32 {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, axum::Json(body)).into_response())
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::StatusCode;
-use axum::routing::post;
+use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use sluice_http::admin::{self, AdminState};
 use sluice_http::problem::Problem;
@@ -26,6 +26,8 @@ pub struct ApiState {
     pub admin_token: Option<Arc<str>>,
     /// Which rate-limit headers `/v1/check` answers carry.
     pub headers: HeaderStyle,
+    /// The service-wide settings envoyproxy/ratelimit applies to `/json` answers.
+    pub envoy: crate::compat::EnvoyAnswers,
 }
 
 /// The router. Serve it with `into_make_service_with_connect_info::<SocketAddr>()`, which the
@@ -38,6 +40,8 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/json", post(envoy_json::envoy_json))
         .route("/v1/check", post(check::check))
+        // envoyproxy/ratelimit's health check: OK while the service serves.
+        .route("/healthcheck", get(|| async { "OK" }))
         .with_state(state)
         .merge(admin)
         .fallback(|| async {

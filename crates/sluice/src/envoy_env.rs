@@ -1,0 +1,574 @@
+//! Running as envoyproxy/ratelimit: when the binary is started under the name `ratelimit` (a
+//! symlink or a copy, so an image whose command is `/bin/ratelimit` works), or as `sluice serve
+//! --envoy-env`, the service takes its settings from envoyproxy/ratelimit's environment
+//! variables and needs nothing else. Every variable that is set and that Sluice does not honour
+//! is named in one warning at start; a setting that cannot work at all (a memcache backend,
+//! rules over xDS, Redis over a Unix socket) stops the start with what to do instead.
+//!
+//! [`launch`] is a pure function of the variables, so that every mapping is tested without a
+//! process; `docs/envoy.md` lists the variables and what each becomes.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+
+use sluice_core::parse_duration;
+use sluice_server::compat::{EnvoyAnswers, LimitHeaderNames};
+use sluice_server::{GrpcTls, ServeOptions};
+
+/// What the environment asks for.
+#[derive(Debug)]
+pub(crate) struct Launch {
+    /// The service's settings.
+    pub(crate) options: ServeOptions,
+    /// The log filter (`warn`, `info`, …) from `LOG_LEVEL`.
+    pub(crate) log_filter: &'static str,
+    /// JSON logs (`LOG_FORMAT=json`).
+    pub(crate) log_json: bool,
+    /// Variables set but not honoured, each with why: one warning at start.
+    pub(crate) not_honoured: Vec<String>,
+    /// Variables that need nothing from Sluice (connection pools, pipelining), for one info
+    /// line.
+    pub(crate) not_needed: Vec<&'static str>,
+}
+
+/// Variables whose intent Sluice meets without them: it multiplexes one connection per Redis
+/// node and pipelines on its own.
+const NOT_NEEDED: &[&str] = &[
+    "REDIS_POOL_SIZE",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+];
+
+/// Variables that, when set, ask for something Sluice does not do, with what it does instead.
+const NOT_HONOURED: &[(&str, &str)] = &[
+    ("GRPC_UDS", "gRPC listens on TCP only"),
+    ("GRPC_MAX_CONNECTION_AGE", "connections are not aged out"),
+    (
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "connections are not aged out",
+    ),
+    (
+        "GRPC_CLIENT_TLS_SAN",
+        "client certificates are checked against the CA only",
+    ),
+    (
+        "USE_DOG_STATSD",
+        "no statsd; metrics are served for Prometheus",
+    ),
+    ("USE_DOG_STATSD_MOGRIFIERS", "no statsd"),
+    ("STATSD_HOST", "no statsd"),
+    ("STATSD_PORT", "no statsd"),
+    ("EXTRA_TAGS", "no statsd tags"),
+    ("STATS_FLUSH_INTERVAL", "metrics are read when scraped"),
+    ("DISABLE_STATS", "metrics are always kept"),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "metric names are Sluice's own (docs/metrics.md)",
+    ),
+    (
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "latency is in seconds",
+    ),
+    ("TRACING_ENABLED", "no OpenTelemetry tracing"),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "counters expire when they are full again",
+    ),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "use the hybrid store for local decisions",
+    ),
+    ("NEAR_LIMIT_RATIO", "no near-limit statistic"),
+    ("REDIS_TLS_CLIENT_CERT", "no client certificate to Redis"),
+    ("REDIS_TLS_CLIENT_KEY", "no client certificate to Redis"),
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "Redis TLS always verifies the host name",
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "the breaker and /readyz watch Redis",
+    ),
+    (
+        "REDIS_SENTINEL_AUTH",
+        "Sentinels are reached without credentials",
+    ),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "the service starts only with its rules loaded",
+    ),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "the service starts only with its rules loaded",
+    ),
+    ("GLOBAL_QUOTA_MODE", "not supported yet"),
+    ("QUOTA_MODE", "not supported yet"),
+    ("RESPONSE_DYNAMIC_METADATA", "not supported yet"),
+    (
+        "MERGE_DOMAIN_CONFIG",
+        "not supported yet; a domain in two files is refused",
+    ),
+];
+
+/// The environment as read once.
+struct Env<'a> {
+    vars: &'a BTreeMap<String, String>,
+}
+
+impl Env<'_> {
+    /// The value of `name`, unless unset or blank.
+    fn get(&self, name: &str) -> Option<&str> {
+        self.vars
+            .get(name)
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn or<'s>(&'s self, name: &str, default: &'s str) -> &'s str {
+        self.get(name).unwrap_or(default)
+    }
+
+    /// A boolean as envoyproxy/ratelimit reads one (`1`, `t`, `true`, `0`, `f`, `false`, any
+    /// case), or `default` when unset.
+    fn flag(&self, name: &str, default: bool) -> Result<bool, String> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "1" | "t" | "true" => Ok(true),
+                "0" | "f" | "false" => Ok(false),
+                _ => Err(format!("{name}={v}: expected true or false")),
+            },
+        }
+    }
+
+    /// The contents of the file that `name` names.
+    fn file(&self, name: &str) -> Result<Vec<u8>, String> {
+        let path = self
+            .get(name)
+            .ok_or_else(|| format!("{name} must name a PEM file"))?;
+        std::fs::read(path).map_err(|e| format!("{name}={path}: {e}"))
+    }
+}
+
+/// The settings that the environment `vars` asks for.
+pub(crate) fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> {
+    let env = Env { vars };
+    match env.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
+        "FILE" => {}
+        "GRPC_XDS_SOTW" => {
+            return Err(
+                "CONFIG_TYPE=GRPC_XDS_SOTW: rules over xDS are not supported yet; \
+                 mount the rules as files and use CONFIG_TYPE=FILE"
+                    .to_owned(),
+            );
+        }
+        other => {
+            return Err(format!(
+                "CONFIG_TYPE={other}: expected FILE or GRPC_XDS_SOTW"
+            ));
+        }
+    }
+    let mut not_honoured = Vec::new();
+    for (name, why) in NOT_HONOURED {
+        // A flag set to false asks for nothing.
+        if env.get(name).is_some() && env.flag(name, true) != Ok(false) {
+            not_honoured.push(format!("{name} ({why})"));
+        }
+    }
+    // statsd is envoyproxy/ratelimit's default, so it is named unless turned off.
+    if env.flag("USE_STATSD", true)? {
+        not_honoured.push("USE_STATSD (no statsd; metrics are served for Prometheus)".to_owned());
+    }
+    if !env.flag("RUNTIME_IGNOREDOTFILES", false)? && env.get("RUNTIME_IGNOREDOTFILES").is_some() {
+        not_honoured
+            .push("RUNTIME_IGNOREDOTFILES=false (dot-files are never read as rules)".to_owned());
+    }
+    if env.flag("REDIS_PERSECOND", false)? {
+        not_honoured.push(
+            "REDIS_PERSECOND (every limit is kept in the one store, per-second ones too)"
+                .to_owned(),
+        );
+    }
+    // The watcher follows a swapped root symlink and changes inside the directory alike.
+    env.flag("RUNTIME_WATCH_ROOT", true)?;
+
+    let config = Path::new(env.or("RUNTIME_ROOT", "/srv/runtime_data/current"))
+        .join(env.or("RUNTIME_SUBDIRECTORY", ""))
+        .join(env.or("RUNTIME_APPDIRECTORY", "config"));
+    let mut options = ServeOptions::new(vec![config]);
+    options.http_addr = address(&env, "HOST", "PORT", 8080)?;
+    options.grpc_addr = address(&env, "GRPC_HOST", "GRPC_PORT", 8081)?;
+    options.debug_addr = Some(address(&env, "DEBUG_HOST", "DEBUG_PORT", 6070)?);
+    if env.flag("USE_PROMETHEUS", false)? {
+        let addr = env.or("PROMETHEUS_ADDR", ":9090");
+        options.metrics_addr =
+            Some(listen_addr(addr).map_err(|e| format!("PROMETHEUS_ADDR={addr}: {e}"))?);
+        options.metrics_path = env.or("PROMETHEUS_PATH", "/metrics").to_owned();
+    }
+
+    // Sluice's own variable wins: the memory store, or any store URL, without REDIS_*.
+    options.store = match env.get("SLUICE_STORE") {
+        Some(store) => store.to_owned(),
+        None => store_url(&env)?,
+    };
+    if let Some(prefix) = env.get("CACHE_KEY_PREFIX") {
+        options.store_settings.prefix = prefix.to_owned();
+    }
+    if let Some(timeout) = env.get("REDIS_TIMEOUT") {
+        options.store_settings.timeout = go_duration(timeout)
+            .ok_or_else(|| format!("REDIS_TIMEOUT={timeout}: expected a duration such as 10s"))?;
+    }
+    if env.get("REDIS_TLS_CACERT").is_some() {
+        options.store_settings.tls_root_cert = Some(env.file("REDIS_TLS_CACERT")?);
+    }
+
+    if env.flag("GRPC_SERVER_USE_TLS", false)? {
+        options.grpc_tls = Some(GrpcTls {
+            cert: env.file("GRPC_SERVER_TLS_CERT")?,
+            key: env.file("GRPC_SERVER_TLS_KEY")?,
+            client_ca: match env.get("GRPC_CLIENT_TLS_CACERT") {
+                Some(_) => Some(env.file("GRPC_CLIENT_TLS_CACERT")?),
+                None => None,
+            },
+        });
+    }
+
+    options.envoy = EnvoyAnswers {
+        shadow_mode: env.flag("SHADOW_MODE", false)?,
+        limit_headers: if env.flag("LIMIT_RESPONSE_HEADERS_ENABLED", false)? {
+            let defaults = LimitHeaderNames::default();
+            Some(LimitHeaderNames {
+                limit: env.or("LIMIT_LIMIT_HEADER", &defaults.limit).to_owned(),
+                remaining: env
+                    .or("LIMIT_REMAINING_HEADER", &defaults.remaining)
+                    .to_owned(),
+                reset: env.or("LIMIT_RESET_HEADER", &defaults.reset).to_owned(),
+            })
+        } else {
+            None
+        },
+    };
+    // envoyproxy/ratelimit asks Envoy to add no headers of its own otherwise.
+    options.grpc_headers = sluice_limiter::HeaderStyle::None;
+
+    let log_filter = match env.or("LOG_LEVEL", "WARN").to_ascii_lowercase().as_str() {
+        "trace" => "trace",
+        "debug" => "debug",
+        "info" => "info",
+        "warn" | "warning" => "warn",
+        "error" | "fatal" | "panic" => "error",
+        other => {
+            return Err(format!(
+                "LOG_LEVEL={other}: expected debug, info, warn or error"
+            ));
+        }
+    };
+    let log_json = match env.or("LOG_FORMAT", "text").to_ascii_lowercase().as_str() {
+        "json" => true,
+        "text" => false,
+        other => return Err(format!("LOG_FORMAT={other}: expected text or json")),
+    };
+    let not_needed = NOT_NEEDED
+        .iter()
+        .copied()
+        .filter(|name| env.get(name).is_some())
+        .collect();
+    Ok(Launch {
+        options,
+        log_filter,
+        log_json,
+        not_honoured,
+        not_needed,
+    })
+}
+
+/// The store URL that `BACKEND_TYPE` and the `REDIS_*` variables describe.
+fn store_url(env: &Env<'_>) -> Result<String, String> {
+    match env
+        .or("BACKEND_TYPE", "redis")
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "redis" => {}
+        "memcache" => {
+            return Err(
+                "BACKEND_TYPE=memcache: Sluice keeps shared counters in Redis \
+                 (BACKEND_TYPE=redis), or set SLUICE_STORE=memory for one instance"
+                    .to_owned(),
+            );
+        }
+        other => return Err(format!("BACKEND_TYPE={other}: expected redis")),
+    }
+    if !env
+        .or("REDIS_SOCKET_TYPE", "unix")
+        .eq_ignore_ascii_case("tcp")
+    {
+        return Err(
+            "REDIS_SOCKET_TYPE: Sluice reaches Redis over TCP; set REDIS_SOCKET_TYPE=tcp and \
+             REDIS_URL=host:port"
+                .to_owned(),
+        );
+    }
+    let url = env
+        .get("REDIS_URL")
+        .ok_or("REDIS_URL must name the Redis server as host:port")?;
+    let scheme = if env.flag("REDIS_TLS", false)? {
+        "rediss"
+    } else {
+        "redis"
+    };
+    // REDIS_AUTH is a password, or user:password.
+    let credentials =
+        env.get("REDIS_AUTH")
+            .map_or_else(String::new, |auth| match auth.split_once(':') {
+                Some((user, password)) => format!("{}:{}@", encode(user), encode(password)),
+                None => format!(":{}@", encode(auth)),
+            });
+    let hosts = |list: &str| -> Vec<String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    Ok(
+        match env.or("REDIS_TYPE", "SINGLE").to_ascii_uppercase().as_str() {
+            "SINGLE" => format!("{scheme}://{credentials}{url}"),
+            "CLUSTER" => format!("{scheme}+cluster://{credentials}{}", hosts(url).join(",")),
+            "SENTINEL" => {
+                // The master's name, then the Sentinels.
+                let mut parts = hosts(url);
+                if parts.len() < 2 {
+                    return Err(format!(
+                        "REDIS_URL={url}: with REDIS_TYPE=SENTINEL, give the master's name and \
+                         then the Sentinels, as mymaster,host:26379,host:26379"
+                    ));
+                }
+                let master = parts.remove(0);
+                format!(
+                    "{scheme}+sentinel://{credentials}{}/{master}",
+                    parts.join(",")
+                )
+            }
+            other => {
+                return Err(format!(
+                    "REDIS_TYPE={other}: expected SINGLE, SENTINEL or CLUSTER"
+                ));
+            }
+        },
+    )
+}
+
+/// Percent-encodes what a URL's user information cannot hold as it is.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The listening address of a host and a port variable.
+fn address(env: &Env<'_>, host_var: &str, port_var: &str, port: u16) -> Result<SocketAddr, String> {
+    let host = env.or(host_var, "0.0.0.0");
+    let port = match env.get(port_var) {
+        None => port,
+        Some(p) => p
+            .parse()
+            .map_err(|_| format!("{port_var}={p}: expected a port number"))?,
+    };
+    resolve(host, port).map_err(|e| format!("{host_var}={host}: {e}"))
+}
+
+/// `host:port` or `:port` (every address), as Go listens on it.
+fn listen_addr(addr: &str) -> Result<SocketAddr, String> {
+    let (host, port) = addr.rsplit_once(':').ok_or("expected host:port or :port")?;
+    let port = port.parse().map_err(|_| "expected a port number")?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    resolve(if host.is_empty() { "0.0.0.0" } else { host }, port)
+}
+
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or_else(|| "names no address".to_owned())
+}
+
+/// A Go duration (`10s`, `500ms`, `1m30s`, `1.5s`).
+fn go_duration(text: &str) -> Option<std::time::Duration> {
+    if let Some(d) = parse_duration(text) {
+        return Some(d);
+    }
+    let secs: f64 = text.strip_suffix('s')?.parse().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| std::time::Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn redis_tcp(extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+        let mut v = vars(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.ns:6379"),
+            ("USE_STATSD", "false"),
+        ]);
+        v.extend(vars(extra));
+        v
+    }
+
+    #[test]
+    fn envoy_gateway_style_settings_map_onto_the_service() {
+        let l = launch(&redis_tcp(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("GRPC_PORT", "8081"),
+            ("PORT", "8080"),
+            ("DEBUG_PORT", "6070"),
+            ("LOG_LEVEL", "info"),
+            ("LOG_FORMAT", "json"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_PATH", "/metrics"),
+            ("REDIS_TYPE", "single"),
+            ("REDIS_AUTH", "user:p@ss"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_POOL_SIZE", "10"),
+            ("CACHE_KEY_PREFIX", "rl_"),
+            ("REDIS_TIMEOUT", "2s"),
+        ]))
+        .unwrap();
+        let o = &l.options;
+        assert_eq!(o.config, vec![PathBuf::from("/data/ratelimit/config")]);
+        assert_eq!(o.http_addr, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(o.grpc_addr, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(o.debug_addr, Some("0.0.0.0:6070".parse().unwrap()));
+        assert_eq!(o.metrics_addr, Some("0.0.0.0:19001".parse().unwrap()));
+        assert_eq!(o.store, "rediss://user:p%40ss@redis.ns:6379");
+        assert_eq!(o.store_settings.prefix, "rl_");
+        assert_eq!(o.store_settings.timeout, std::time::Duration::from_secs(2));
+        assert_eq!((l.log_filter, l.log_json), ("info", true));
+        assert!(l.not_honoured.is_empty(), "{:?}", l.not_honoured);
+        assert_eq!(l.not_needed, vec!["REDIS_POOL_SIZE"]);
+        assert_eq!(o.envoy, EnvoyAnswers::default());
+    }
+
+    #[test]
+    fn the_defaults_are_envoys() {
+        let l = launch(&redis_tcp(&[])).unwrap();
+        assert_eq!(
+            l.options.config,
+            vec![PathBuf::from("/srv/runtime_data/current/config")]
+        );
+        assert_eq!(l.options.store, "redis://redis.ns:6379");
+        assert_eq!(l.options.metrics_addr, None);
+        assert_eq!(l.log_filter, "warn");
+        assert!(!l.log_json);
+    }
+
+    #[test]
+    fn cluster_and_sentinel_urls() {
+        let l = launch(&redis_tcp(&[
+            ("REDIS_TYPE", "CLUSTER"),
+            ("REDIS_URL", "a:7000, b:7000,c:7000"),
+            ("REDIS_AUTH", "secret"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            l.options.store,
+            "redis+cluster://:secret@a:7000,b:7000,c:7000"
+        );
+        let l = launch(&redis_tcp(&[
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            l.options.store,
+            "redis+sentinel://s1:26379,s2:26379/mymaster"
+        );
+        let e = launch(&redis_tcp(&[("REDIS_TYPE", "SENTINEL")])).unwrap_err();
+        assert!(e.contains("master's name"), "{e}");
+    }
+
+    #[test]
+    fn answers_settings_and_header_names() {
+        let l = launch(&redis_tcp(&[
+            ("SHADOW_MODE", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+        ]))
+        .unwrap();
+        assert!(l.options.envoy.shadow_mode);
+        let names = l.options.envoy.limit_headers.unwrap();
+        assert_eq!(names.limit, "RateLimit-Limit");
+        assert_eq!(names.remaining, "X-Left");
+        assert_eq!(names.reset, "RateLimit-Reset");
+    }
+
+    #[test]
+    fn what_is_not_honoured_is_named_and_what_cannot_work_stops_the_start() {
+        let l = launch(&redis_tcp(&[
+            ("USE_STATSD", "true"),
+            ("TRACING_ENABLED", "true"),
+            ("DISABLE_STATS", "false"),
+            ("REDIS_PERSECOND", "true"),
+        ]))
+        .unwrap();
+        let named: Vec<&str> = l
+            .not_honoured
+            .iter()
+            .map(|w| w.split(' ').next().unwrap())
+            .collect();
+        assert_eq!(named, ["TRACING_ENABLED", "USE_STATSD", "REDIS_PERSECOND"]);
+
+        let refused = [
+            (vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")], "xDS"),
+            (vec![("BACKEND_TYPE", "memcache")], "memcache"),
+            (vec![("REDIS_SOCKET_TYPE", "unix")], "REDIS_SOCKET_TYPE=tcp"),
+            (vec![("LOG_LEVEL", "loud")], "LOG_LEVEL=loud"),
+            (vec![("SHADOW_MODE", "maybe")], "SHADOW_MODE=maybe"),
+            (vec![("PORT", "http")], "PORT=http"),
+            (vec![("REDIS_TIMEOUT", "soon")], "REDIS_TIMEOUT=soon"),
+            (
+                vec![("GRPC_SERVER_USE_TLS", "true")],
+                "GRPC_SERVER_TLS_CERT",
+            ),
+        ];
+        for (extra, expected) in refused {
+            let e = launch(&redis_tcp(&extra)).unwrap_err();
+            assert!(e.contains(expected), "{extra:?}: {e}");
+        }
+        // With no Redis named at all, the default Unix socket is refused with what to set.
+        let e = launch(&vars(&[])).unwrap_err();
+        assert!(e.contains("REDIS_SOCKET_TYPE=tcp"), "{e}");
+    }
+
+    #[test]
+    fn sluice_store_replaces_the_redis_variables() {
+        let l = launch(&vars(&[("SLUICE_STORE", "memory"), ("USE_STATSD", "0")])).unwrap();
+        assert_eq!(l.options.store, "memory");
+    }
+}
