@@ -109,6 +109,34 @@ impl Reloader {
         })
     }
 
+    /// A reloader whose rules are pushed to it (by an xDS server) through
+    /// [`Reloader::install`], held to `check` as files are. It starts with no rules: nothing is
+    /// limited until the first set arrives.
+    pub fn pushed(
+        check: impl Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Reloader {
+            sources: Vec::new(),
+            check: Box::new(check),
+            current: ArcSwap::from_pointee(RuleSet::empty()),
+            stats: ReloadStats::default(),
+            last_error: Mutex::new(None),
+            subscribers: Mutex::new(Vec::new()),
+            reloading: Mutex::new(()),
+        })
+    }
+
+    /// Puts `rules` in force, as a reload of files would: a valid, changed set that passes the
+    /// check replaces the one in force; an error, or a set that fails the check, leaves it in
+    /// force and is reported.
+    pub fn install(&self, rules: Result<RuleSet, LoadError>) -> ReloadEvent {
+        let _serial = lock(&self.reloading);
+        self.swap(rules.and_then(|r| {
+            (self.check)(&r)?;
+            Ok(r)
+        }))
+    }
+
     /// The rule set in force. Hold the `Arc` for the length of one request, so the request is
     /// matched against one set from start to finish.
     pub fn rules(&self) -> Arc<RuleSet> {
@@ -146,7 +174,13 @@ impl Reloader {
             self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
             return ReloadEvent::Unchanged;
         }
-        let event = match load(&self.sources, &self.check) {
+        self.swap(load(&self.sources, &self.check))
+    }
+
+    /// Puts a loaded set in force unless it is the same as the one in force, or records its
+    /// error; tells the subscribers. Called with `reloading` held.
+    fn swap(&self, loaded: Result<RuleSet, LoadError>) -> ReloadEvent {
+        let event = match loaded {
             Ok(rules) if rules.fingerprint() == self.current.load().fingerprint() => {
                 self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
                 *lock(&self.last_error) = None;

@@ -330,3 +330,30 @@ fn watcher_sees_a_kubernetes_configmap_swap_of_a_single_file() {
     configmap(dir.path(), "..2024_01_01_00_00_00.000000002", 7);
     wait_for_limit(&reloader, &events, 7);
 }
+
+/// Rules pushed from elsewhere (an xDS server) go through the same gate as files: a valid set
+/// is put in force, an invalid one or one failing the check leaves the old in force.
+#[test]
+fn pushed_rules_are_installed_or_refused_like_files() {
+    use sluice_rules::RuleSet;
+    let reloader = Reloader::pushed(|set: &RuleSet| set.check_supported(hourly_store));
+    let events = reloader.subscribe();
+    assert!(reloader.rules().domain_names().is_empty());
+    let event = reloader.install(RuleSet::parse("xds:a", &rules(7)));
+    assert!(matches!(event, ReloadEvent::Reloaded { .. }), "{event:?}");
+    assert_eq!(limit(&reloader), 7);
+    assert_eq!(
+        reloader.install(RuleSet::parse("xds:a", &rules(7))),
+        ReloadEvent::Unchanged
+    );
+    let invalid = reloader.install(RuleSet::parse("xds:a", INVALID));
+    assert!(matches!(invalid, ReloadEvent::Failed(_)), "{invalid:?}");
+    let refused = reloader.install(RuleSet::parse(
+        "xds:b",
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
+    ));
+    assert!(matches!(refused, ReloadEvent::Failed(e) if e.to_string().contains("an hour only")));
+    assert_eq!(limit(&reloader), 7);
+    assert_eq!(reloader.stats().failures.load(Ordering::Relaxed), 2);
+    assert_eq!(events.try_iter().count(), 4);
+}
