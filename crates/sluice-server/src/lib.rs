@@ -21,6 +21,7 @@ pub mod compat;
 pub mod debug;
 pub mod envoy;
 pub mod grpc;
+pub mod xds;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -67,6 +68,8 @@ pub struct ServeOptions {
     pub metrics_path: String,
     /// TLS on the gRPC listener, mutual when it names the clients' CA.
     pub grpc_tls: Option<GrpcTls>,
+    /// Rules from an xDS server instead of `config`'s files.
+    pub xds: Option<xds::XdsOptions>,
 }
 
 /// TLS for the gRPC listener, from PEM files' contents.
@@ -109,6 +112,7 @@ impl ServeOptions {
             metrics_addr: None,
             metrics_path: "/metrics".to_owned(),
             grpc_tls: None,
+            xds: None,
         }
     }
 }
@@ -140,7 +144,8 @@ pub struct Server {
     limiter: Arc<Limiter>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    _watcher: sluice_rules::Watcher,
+    /// Follows the rule files; none when the rules come over xDS.
+    _watcher: Option<sluice_rules::Watcher>,
 }
 
 impl Server {
@@ -166,8 +171,30 @@ impl Server {
         options: ServeOptions,
         opened: OpenStore,
     ) -> Result<Server, StartError> {
-        let watched = Limiter::watching(options.config.clone(), opened, options.reload_debounce)?;
-        let (limiter, watcher) = (watched.limiter, watched.watcher);
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let (limiter, watcher) = match &options.xds {
+            None => {
+                let watched =
+                    Limiter::watching(options.config.clone(), opened, options.reload_debounce)?;
+                (watched.limiter, Some(watched.watcher))
+            }
+            Some(xds) => {
+                let reloader = sluice_rules::Reloader::pushed(opened.supports_check());
+                sluice_limiter::log_reloads(&reloader);
+                let limiter = Arc::new(Limiter::with_open_store(
+                    reloader.clone(),
+                    opened,
+                    Arc::new(sluice_limiter::Metrics::new()),
+                ));
+                tasks.push(tokio::spawn(xds::follow(
+                    xds.clone(),
+                    reloader,
+                    stopped.clone(),
+                )));
+                (limiter, None)
+            }
+        };
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
@@ -179,8 +206,6 @@ impl Server {
             local(&http, options.http_addr),
             local(&grpc, options.grpc_addr),
         );
-        let (stop, stopped) = watch::channel(false);
-
         let admin_token: Option<Arc<str>> = options.admin_token.map(Arc::from);
         let state = api::ApiState {
             limiter: limiter.clone(),
@@ -189,12 +214,12 @@ impl Server {
             envoy: options.envoy.clone(),
         };
         let app = api::router(state);
-        let mut tasks = vec![tokio::spawn(sluice_http::serve::serve_connections(
+        tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
             http,
             app,
             stopped.clone(),
             options.connections,
-        ))];
+        )));
         let admin_state = sluice_http::admin::AdminState {
             limiter: limiter.clone(),
             admin_token,

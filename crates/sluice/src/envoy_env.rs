@@ -14,6 +14,7 @@ use std::path::Path;
 
 use sluice_core::parse_duration;
 use sluice_server::compat::{EnvoyAnswers, LimitHeaderNames};
+use sluice_server::xds::{XdsOptions, XdsTls};
 use sluice_server::{GrpcTls, ServeOptions};
 
 /// What the environment asks for.
@@ -113,6 +114,27 @@ const NOT_HONOURED: &[(&str, &str)] = &[
         "MERGE_DOMAIN_CONFIG",
         "not supported yet; a domain in two files is refused",
     ),
+    (
+        "CONFIG_GRPC_XDS_NODE_METADATA",
+        "the node presents its id only",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "no extra headers to the xDS server",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "reconnecting follows XDS_CLIENT_BACKOFF_*",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "the back-off doubles without jitter",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_JITTER",
+        "the back-off doubles without jitter",
+    ),
+    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "tonic's limit applies"),
 ];
 
 /// The environment as read once.
@@ -158,21 +180,15 @@ impl Env<'_> {
 /// The settings that the environment `vars` asks for.
 pub(crate) fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> {
     let env = Env { vars };
-    match env.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
-        "FILE" => {}
-        "GRPC_XDS_SOTW" => {
-            return Err(
-                "CONFIG_TYPE=GRPC_XDS_SOTW: rules over xDS are not supported yet; \
-                 mount the rules as files and use CONFIG_TYPE=FILE"
-                    .to_owned(),
-            );
-        }
+    let xds = match env.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
+        "FILE" => None,
+        "GRPC_XDS_SOTW" => Some(xds_options(&env)?),
         other => {
             return Err(format!(
                 "CONFIG_TYPE={other}: expected FILE or GRPC_XDS_SOTW"
             ));
         }
-    }
+    };
     let mut not_honoured = Vec::new();
     for (name, why) in NOT_HONOURED {
         // A flag set to false asks for nothing.
@@ -201,6 +217,7 @@ pub(crate) fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> 
         .join(env.or("RUNTIME_SUBDIRECTORY", ""))
         .join(env.or("RUNTIME_APPDIRECTORY", "config"));
     let mut options = ServeOptions::new(vec![config]);
+    options.xds = xds;
     options.http_addr = address(&env, "HOST", "PORT", 8080)?;
     options.grpc_addr = address(&env, "GRPC_HOST", "GRPC_PORT", 8081)?;
     options.debug_addr = Some(address(&env, "DEBUG_HOST", "DEBUG_PORT", 6070)?);
@@ -284,6 +301,45 @@ pub(crate) fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> 
         log_json,
         not_honoured,
         not_needed,
+    })
+}
+
+/// Where rules come from with `CONFIG_TYPE=GRPC_XDS_SOTW`.
+fn xds_options(env: &Env<'_>) -> Result<XdsOptions, String> {
+    let duration = |name: &str, default: &str| {
+        let text = env.or(name, default);
+        go_duration(text).ok_or_else(|| format!("{name}={text}: expected a duration such as 10s"))
+    };
+    let tls = if env.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
+        let identity = match (
+            env.get("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+            env.get("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+        ) {
+            (None, None) => None,
+            _ => Some((
+                env.file("CONFIG_GRPC_XDS_CLIENT_TLS_CERT")?,
+                env.file("CONFIG_GRPC_XDS_CLIENT_TLS_KEY")?,
+            )),
+        };
+        Some(XdsTls {
+            ca: match env.get("CONFIG_GRPC_XDS_SERVER_TLS_CACERT") {
+                Some(_) => Some(env.file("CONFIG_GRPC_XDS_SERVER_TLS_CACERT")?),
+                None => None,
+            },
+            identity,
+            server_name: env.get("CONFIG_GRPC_XDS_SERVER_TLS_SAN").map(str::to_owned),
+        })
+    } else {
+        None
+    };
+    Ok(XdsOptions {
+        server: env
+            .or("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000")
+            .to_owned(),
+        node_id: env.or("CONFIG_GRPC_XDS_NODE_ID", "default").to_owned(),
+        tls,
+        backoff_initial: duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s")?,
+        backoff_max: duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s")?,
     })
 }
 
@@ -545,7 +601,14 @@ mod tests {
         assert_eq!(named, ["TRACING_ENABLED", "USE_STATSD", "REDIS_PERSECOND"]);
 
         let refused = [
-            (vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")], "xDS"),
+            (vec![("CONFIG_TYPE", "XDS")], "CONFIG_TYPE=XDS"),
+            (
+                vec![
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "later"),
+                ],
+                "XDS_CLIENT_BACKOFF_MAX_INTERVAL=later",
+            ),
             (vec![("BACKEND_TYPE", "memcache")], "memcache"),
             (vec![("REDIS_SOCKET_TYPE", "unix")], "REDIS_SOCKET_TYPE=tcp"),
             (vec![("LOG_LEVEL", "loud")], "LOG_LEVEL=loud"),
@@ -564,6 +627,33 @@ mod tests {
         // With no Redis named at all, the default Unix socket is refused with what to set.
         let e = launch(&vars(&[])).unwrap_err();
         assert!(e.contains("REDIS_SOCKET_TYPE=tcp"), "{e}");
+    }
+
+    #[test]
+    fn rules_over_xds() {
+        let l = launch(&redis_tcp(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "eg.ns:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "ratelimit-0"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "250ms"),
+        ]))
+        .unwrap();
+        let xds = l.options.xds.unwrap();
+        assert_eq!(xds.server, "eg.ns:18001");
+        assert_eq!(xds.node_id, "ratelimit-0");
+        assert!(xds.tls.is_none());
+        assert_eq!(xds.backoff_initial, std::time::Duration::from_millis(250));
+        assert_eq!(xds.backoff_max, std::time::Duration::from_secs(60));
+        let e = launch(&redis_tcp(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/nonexistent/cert.pem"),
+        ]))
+        .unwrap_err();
+        assert!(
+            e.contains("CONFIG_GRPC_XDS_CLIENT_TLS_CERT=/nonexistent/cert.pem"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -348,10 +348,7 @@ fn what_cannot_work_stops_the_start_with_what_to_do() {
     let program = ratelimit_symlink(dir.path());
     let cases = [
         (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
-        (
-            vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")],
-            "CONFIG_TYPE=GRPC_XDS_SOTW",
-        ),
+        (vec![("CONFIG_TYPE", "XDS")], "CONFIG_TYPE=XDS"),
         (vec![], "REDIS_SOCKET_TYPE=tcp"),
         (
             vec![

@@ -1,0 +1,248 @@
+//! Rules over xDS, as Envoy Gateway serves them: the binary started as `ratelimit` with
+//! `CONFIG_TYPE=GRPC_XDS_SOTW` subscribes to `RateLimitConfig` resources on a real gRPC xDS
+//! server run by this test, ACKs a set it can load and enforces it, NACKs a bad one with the
+//! reason while the old rules stay, and after the stream drops connects again asking with the
+//! last version it accepted.
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor as RequestDescriptor, rate_limit_descriptor::Entry,
+};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use prost::Message as _;
+use sluice_testing::process::{free_addr, spawn_command_listening};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+const TYPE: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+/// How long any one step may take before the test fails: far beyond a healthy machine's need.
+const STEP: Duration = Duration::from_secs(30);
+
+/// One subscription the server accepted: the client's requests, and where to send responses.
+type Stream = (
+    Streaming<DiscoveryRequest>,
+    mpsc::Sender<Result<DiscoveryResponse, Status>>,
+);
+
+/// An xDS server that hands every new stream to the test.
+struct Server {
+    streams: mpsc::UnboundedSender<Stream>,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Server {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let (tx, rx) = mpsc::channel(4);
+        let _ = self.streams.send((request.into_inner(), tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented("state of the world only"))
+    }
+}
+
+fn config(domain: &str, unit: RateLimitUnit, limit: u32) -> Any {
+    let config = RateLimitConfig {
+        name: format!("{domain}-config"),
+        domain: domain.into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "generic_key".into(),
+            value: "slow".into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: unit as i32,
+                requests_per_unit: limit,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    };
+    Any {
+        type_url: TYPE.into(),
+        value: config.encode_to_vec(),
+    }
+}
+
+fn response(version: &str, nonce: &str, resources: Vec<Any>) -> DiscoveryResponse {
+    DiscoveryResponse {
+        version_info: version.into(),
+        resources,
+        type_url: TYPE.into(),
+        nonce: nonce.into(),
+        ..Default::default()
+    }
+}
+
+async fn next<T>(what: &str, f: impl std::future::Future<Output = Option<T>>) -> T {
+    tokio::time::timeout(STEP, f)
+        .await
+        .unwrap_or_else(|_| panic!("no {what} within {STEP:?}"))
+        .unwrap_or_else(|| panic!("the {what} stream ended"))
+}
+
+async fn request_of(stream: &mut Streaming<DiscoveryRequest>) -> DiscoveryRequest {
+    next("request", async { stream.message().await.unwrap() }).await
+}
+
+async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>, domain: &str) -> i32 {
+    let request = RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![RequestDescriptor {
+            entries: vec![Entry {
+                key: "generic_key".into(),
+                value: "slow".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    client
+        .should_rate_limit(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .overall_code
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects() {
+    let (streams_tx, mut streams) = mpsc::unbounded_channel();
+    let xds = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let xds_addr = xds.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::new(Server {
+                streams: streams_tx,
+            }))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(xds)),
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &program).unwrap();
+    let (http, grpc, debug) = (free_addr(), free_addr(), free_addr());
+    let port = |a: &str| a.rsplit_once(':').unwrap().1.to_owned();
+    let mut command = std::process::Command::new(&program);
+    command
+        .env_clear()
+        .envs([
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_owned()),
+            ("CONFIG_GRPC_XDS_SERVER_URL", xds_addr.to_string()),
+            ("CONFIG_GRPC_XDS_NODE_ID", "sluice-test-node".to_owned()),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "50ms".to_owned()),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "200ms".to_owned()),
+            ("SLUICE_STORE", "memory".to_owned()),
+            ("USE_STATSD", "false".to_owned()),
+            ("HOST", "127.0.0.1".to_owned()),
+            ("PORT", port(&http)),
+            ("GRPC_HOST", "127.0.0.1".to_owned()),
+            ("GRPC_PORT", port(&grpc)),
+            ("DEBUG_HOST", "127.0.0.1".to_owned()),
+            ("DEBUG_PORT", port(&debug)),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let _process = spawn_command_listening(command, &grpc);
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+
+    // The subscription: this node, this type, no version yet.
+    let (mut requests, responses) = next("stream", streams.recv()).await;
+    let first = request_of(&mut requests).await;
+    assert_eq!(first.node.unwrap().id, "sluice-test-node");
+    assert_eq!(first.type_url, TYPE);
+    assert_eq!(first.version_info, "");
+    // Before any rules arrive nothing is limited.
+    assert_eq!(code(&mut client, "eg").await, Code::Ok as i32);
+
+    // Version 1: two a minute. ACKed, then enforced.
+    let one = vec![config("eg", RateLimitUnit::Minute, 2)];
+    responses.send(Ok(response("1", "n1", one))).await.unwrap();
+    let ack = request_of(&mut requests).await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.response_nonce.as_str()),
+        ("1", "n1")
+    );
+    assert!(ack.error_detail.is_none(), "{ack:?}");
+    let codes = [
+        code(&mut client, "eg").await,
+        code(&mut client, "eg").await,
+        code(&mut client, "eg").await,
+    ];
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
+
+    // Version 2 is bad (a unit that is no unit): NACKed with the reason, version 1 stays.
+    let bad = vec![
+        config("other", RateLimitUnit::Minute, 1),
+        config("eg", RateLimitUnit::Unknown, 100),
+    ];
+    responses.send(Ok(response("2", "n2", bad))).await.unwrap();
+    let nack = request_of(&mut requests).await;
+    assert_eq!(
+        (nack.version_info.as_str(), nack.response_nonce.as_str()),
+        ("1", "n2")
+    );
+    let reason = nack
+        .error_detail
+        .expect("a NACK carries the reason")
+        .message;
+    assert!(
+        reason.contains("xds:eg-config") && reason.contains("unit"),
+        "{reason}"
+    );
+    assert_eq!(code(&mut client, "eg").await, Code::OverLimit as i32);
+    assert_eq!(code(&mut client, "other").await, Code::Ok as i32);
+    assert_eq!(code(&mut client, "other").await, Code::Ok as i32);
+
+    // The stream drops; the client comes back asking with the version it accepted.
+    drop(responses);
+    drop(requests);
+    let (mut requests, responses) = next("second stream", streams.recv()).await;
+    let again = request_of(&mut requests).await;
+    assert_eq!(again.version_info, "1");
+    assert_eq!(again.node.unwrap().id, "sluice-test-node");
+
+    // Version 3 on the new stream: the other domain, one a minute.
+    let three = vec![
+        config("eg", RateLimitUnit::Minute, 2),
+        config("other", RateLimitUnit::Minute, 1),
+    ];
+    responses
+        .send(Ok(response("3", "n3", three)))
+        .await
+        .unwrap();
+    let ack = request_of(&mut requests).await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.response_nonce.as_str()),
+        ("3", "n3")
+    );
+    assert_eq!(code(&mut client, "other").await, Code::Ok as i32);
+    assert_eq!(code(&mut client, "other").await, Code::OverLimit as i32);
+}
