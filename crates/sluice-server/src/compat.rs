@@ -16,6 +16,9 @@ pub struct EnvoyAnswers {
     pub shadow_mode: bool,
     /// Ask Envoy to add these headers, describing the descriptor closest to its limit.
     pub limit_headers: Option<LimitHeaderNames>,
+    /// `/healthcheck` fails while no domain is loaded (envoyproxy/ratelimit's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`), as it may be with rules over xDS.
+    pub healthy_needs_rules: bool,
 }
 
 /// The names of the three rate-limit headers (envoyproxy/ratelimit's `LIMIT_LIMIT_HEADER`,

@@ -181,6 +181,7 @@ impl Server {
             }
             Some(xds) => {
                 let reloader = sluice_rules::Reloader::pushed(opened.supports_check());
+                let first = xds.wait_for_rules.then(|| reloader.subscribe());
                 sluice_limiter::log_reloads(&reloader);
                 let limiter = Arc::new(Limiter::with_open_store(
                     reloader.clone(),
@@ -192,6 +193,10 @@ impl Server {
                     reloader,
                     stopped.clone(),
                 )));
+                if let Some(events) = first {
+                    tracing::info!("waiting for the first rules from the xDS server");
+                    wait_for_rules(events).await;
+                }
                 (limiter, None)
             }
         };
@@ -325,6 +330,16 @@ impl Server {
             let _ = t.await;
         }
     }
+}
+
+/// Returns once a rule set is in force (a first set that was refused does not count).
+async fn wait_for_rules(events: std::sync::mpsc::Receiver<sluice_rules::ReloadEvent>) {
+    let _ = tokio::task::spawn_blocking(move || {
+        events
+            .iter()
+            .find(|e| !matches!(e, sluice_rules::ReloadEvent::Failed(_)))
+    })
+    .await;
 }
 
 /// tonic's TLS settings from PEM contents: the server's identity, and the clients' CA when

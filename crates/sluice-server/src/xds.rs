@@ -43,6 +43,9 @@ pub struct XdsOptions {
     pub backoff_initial: Duration,
     /// The longest wait before connecting again.
     pub backoff_max: Duration,
+    /// Start serving only once the first rule set is in force (envoyproxy/ratelimit's default;
+    /// its `FORCE_START_WITHOUT_INITIAL_CONFIG` turns it off).
+    pub wait_for_rules: bool,
 }
 
 impl std::fmt::Debug for XdsOptions {

@@ -99,14 +99,6 @@ const NOT_HONOURED: &[(&str, &str)] = &[
         "REDIS_SENTINEL_AUTH",
         "Sentinels are reached without credentials",
     ),
-    (
-        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        "the service starts only with its rules loaded",
-    ),
-    (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "the service starts only with its rules loaded",
-    ),
     ("GLOBAL_QUOTA_MODE", "not supported yet"),
     ("QUOTA_MODE", "not supported yet"),
     ("RESPONSE_DYNAMIC_METADATA", "not supported yet"),
@@ -190,6 +182,12 @@ pub(crate) fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> 
         }
     };
     let mut not_honoured = Vec::new();
+    if xds.is_none() && env.flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false)? {
+        not_honoured.push(
+            "FORCE_START_WITHOUT_INITIAL_CONFIG (rule files must load for the service to start)"
+                .to_owned(),
+        );
+    }
     for (name, why) in NOT_HONOURED {
         // A flag set to false asks for nothing.
         if env.get(name).is_some() && env.flag(name, true) != Ok(false) {
@@ -257,6 +255,7 @@ pub(crate) fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> 
 
     options.envoy = EnvoyAnswers {
         shadow_mode: env.flag("SHADOW_MODE", false)?,
+        healthy_needs_rules: env.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
         limit_headers: if env.flag("LIMIT_RESPONSE_HEADERS_ENABLED", false)? {
             let defaults = LimitHeaderNames::default();
             Some(LimitHeaderNames {
@@ -340,6 +339,7 @@ fn xds_options(env: &Env<'_>) -> Result<XdsOptions, String> {
         tls,
         backoff_initial: duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s")?,
         backoff_max: duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s")?,
+        wait_for_rules: !env.flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
     })
 }
 

@@ -127,9 +127,9 @@ async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>, do
         .overall_code
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects() {
-    let (streams_tx, mut streams) = mpsc::unbounded_channel();
+/// An xDS server on loopback handing its streams to the test.
+async fn xds_server() -> (std::net::SocketAddr, mpsc::UnboundedReceiver<Stream>) {
+    let (streams_tx, streams) = mpsc::unbounded_channel();
     let xds = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let xds_addr = xds.local_addr().unwrap();
     tokio::spawn(
@@ -139,7 +139,15 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
             }))
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(xds)),
     );
+    (xds_addr, streams)
+}
 
+/// The binary as `ratelimit` following `xds_addr`, with `extra` variables; its HTTP and gRPC
+/// addresses.
+fn ratelimit(
+    xds_addr: std::net::SocketAddr,
+    extra: &[(&str, &str)],
+) -> (tempfile::TempDir, std::process::Command, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let program = dir.path().join("ratelimit");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &program).unwrap();
@@ -165,6 +173,61 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
         ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
+    command.envs(extra.iter().copied());
+    (dir, command, http, grpc)
+}
+
+async fn health(http: &str) -> u16 {
+    reqwest::get(format!("http://{http}/healthcheck"))
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// By default, as envoyproxy/ratelimit, the service serves only once the first rules are in
+/// force: a refused first set is not enough.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_force_start_it_serves_once_the_first_rules_load() {
+    let (xds_addr, mut streams) = xds_server().await;
+    let (_dir, mut command, _http, grpc) = ratelimit(xds_addr, &[]);
+    let _process = sluice_testing::process::Spawned(command.spawn().unwrap());
+    let (mut requests, responses) = next("stream", streams.recv()).await;
+    request_of(&mut requests).await;
+    let bad = vec![config("eg", RateLimitUnit::Unknown, 1)];
+    responses.send(Ok(response("1", "n1", bad))).await.unwrap();
+    let nack = request_of(&mut requests).await;
+    assert!(nack.error_detail.is_some());
+    // Subscribed and answered, yet not serving.
+    assert!(std::net::TcpStream::connect(&grpc).is_err());
+    let good = vec![config("eg", RateLimitUnit::Minute, 1)];
+    responses.send(Ok(response("2", "n2", good))).await.unwrap();
+    assert_eq!(request_of(&mut requests).await.version_info, "2");
+    let deadline = std::time::Instant::now() + STEP;
+    while std::net::TcpStream::connect(&grpc).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not serving after the rules loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    assert_eq!(code(&mut client, "eg").await, Code::Ok as i32);
+    assert_eq!(code(&mut client, "eg").await, Code::OverLimit as i32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects() {
+    let (xds_addr, mut streams) = xds_server().await;
+    let (_dir, command, http, grpc) = ratelimit(
+        xds_addr,
+        &[
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+        ],
+    );
     let _process = spawn_command_listening(command, &grpc);
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
@@ -176,8 +239,9 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
     assert_eq!(first.node.unwrap().id, "sluice-test-node");
     assert_eq!(first.type_url, TYPE);
     assert_eq!(first.version_info, "");
-    // Before any rules arrive nothing is limited.
+    // Forced to start before any rules arrive: nothing is limited, and the health check fails.
     assert_eq!(code(&mut client, "eg").await, Code::Ok as i32);
+    assert_eq!(health(&http).await, 500);
 
     // Version 1: two a minute. ACKed, then enforced.
     let one = vec![config("eg", RateLimitUnit::Minute, 2)];

@@ -40,8 +40,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/json", post(envoy_json::envoy_json))
         .route("/v1/check", post(check::check))
-        // envoyproxy/ratelimit's health check: OK while the service serves.
-        .route("/healthcheck", get(|| async { "OK" }))
+        .route("/healthcheck", get(healthcheck))
         .with_state(state)
         .merge(admin)
         .fallback(|| async {
@@ -99,6 +98,19 @@ async fn decide(state: &ApiState, body: Body) -> Result<(LimitRequest, Verdict),
         .await
         .map_err(|e| Problem::bad_request(e.to_string()))?;
     Ok((request, verdict))
+}
+
+/// envoyproxy/ratelimit's health check: OK while the service serves, unless it must have rules
+/// and has none.
+async fn healthcheck(
+    axum::extract::State(state): axum::extract::State<ApiState>,
+) -> (StatusCode, &'static str) {
+    if state.envoy.healthy_needs_rules && state.limiter.reloader().rules().domain_names().is_empty()
+    {
+        (StatusCode::INTERNAL_SERVER_ERROR, "no rules loaded")
+    } else {
+        (StatusCode::OK, "OK")
+    }
 }
 
 fn status_of(verdict: &Verdict) -> StatusCode {
