@@ -130,6 +130,7 @@ mod tests {
         EnvoyAnswers {
             shadow_mode,
             limit_headers: Some(LimitHeaderNames::default()),
+            healthy_needs_rules: false,
         }
     }
 
