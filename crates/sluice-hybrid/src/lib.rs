@@ -433,11 +433,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                     .map(|e| e.state),
             };
             let Some((state, mut d)) = decide(c.policy, stored.as_ref(), now, c.cost) else {
-                return Err(StoreError::Rejected(
-                    hybrid_supports(c.policy)
-                        .err()
-                        .map_or_else(String::new, |u| u.to_string()),
-                ));
+                return Err(unheld(c.policy));
             };
             // This instance's share, less what earlier checks of this request on the key take.
             let share = keys
@@ -550,11 +546,7 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
             .filter(|e| e.policy == *policy)
             .map(|e| e.state);
         let Some((fresh, d)) = decide(policy, stored.as_ref(), now, 0) else {
-            return Err(StoreError::Rejected(
-                hybrid_supports(policy)
-                    .err()
-                    .map_or_else(String::new, |u| u.to_string()),
-            ));
+            return Err(unheld(policy));
         };
         // Long enough for the next syncs to read it.
         let watch = now.saturating_add(inner.options.sync_interval * 4);
@@ -589,4 +581,13 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
         hybrid_supports(policy)
     }
+}
+
+/// The error for a check of a policy this store does not hold. Rules are refused at load by
+/// [`Store::supports`], so this is only met by a caller that skipped that gate.
+fn unheld(policy: &Policy) -> StoreError {
+    StoreError::Rejected(hybrid_supports(policy).err().map_or_else(
+        || format!("the hybrid store does not hold {}", policy.algorithm()),
+        |u| u.to_string(),
+    ))
 }

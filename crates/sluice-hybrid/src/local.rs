@@ -238,3 +238,20 @@ pub(crate) fn over_limit(policy: &Policy, global: GlobalState) -> u64 {
         _ => 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The load-time gate and the decision path agree on every algorithm: a policy the store
+    /// says it holds is decided locally, and one it refuses is never reached.
+    #[test]
+    fn supports_and_decide_agree_on_every_algorithm() {
+        let now = Timestamp::from_nanos(1_000_000_000_000);
+        for policy in sluice_core::testing::five_per_second() {
+            let held = sluice_redis::hybrid_supports(&policy).is_ok();
+            let decided = decide(&policy, None, now, 1).is_some();
+            assert_eq!(held, decided, "{}", policy.algorithm());
+        }
+    }
+}

@@ -76,6 +76,9 @@ pub fn hybrid_supports(policy: &Policy) -> Result<(), UnsupportedPolicy> {
     match policy {
         Policy::SlidingLog(_) => Err(refuse("sliding_log (one entry per request)")),
         Policy::LeakyQueue(_) => Err(refuse("leaky_queue (a release time per request)")),
+        Policy::BucketedWindow(_) => Err(refuse(
+            "bucketed_window (a count per sub-window, which the sync does not carry)",
+        )),
         _ => crate::supports(policy).map_err(|e| UnsupportedPolicy {
             store: "hybrid",
             reason: e.reason,
