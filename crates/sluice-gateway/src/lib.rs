@@ -149,7 +149,12 @@ impl Gateway {
         let opened = store_url::open(&options.store, &options.store_settings)
             .await
             .map_err(StartError::from)?;
-        let watched = Limiter::watching(options.config.clone(), opened, options.reload_debounce)?;
+        let watched = Limiter::watching(
+            options.config.clone(),
+            sluice_rules::LoadOptions::default(),
+            opened,
+            options.reload_debounce,
+        )?;
         if watched
             .limiter
             .reloader()

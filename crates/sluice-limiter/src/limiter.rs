@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hasher;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,8 @@ pub struct Limiter {
     history: DecisionHistory,
     /// The last rule reloads, for the dashboard.
     reloads: Arc<ReloadLog>,
+    /// envoyproxy/ratelimit's service-wide `QUOTA_MODE`: every limit is a quota limit.
+    quota_mode: AtomicBool,
 }
 
 /// The decision counters of the rules of one rule set, by the rule's address and the outcome.
@@ -87,6 +90,8 @@ struct Planned {
     policy: Arc<Policy>,
     rule: Option<Arc<Rule>>,
     mode: Mode,
+    /// Envoy's `quota_mode`, from the rule or the service-wide setting.
+    quota: bool,
 }
 
 impl Limiter {
@@ -117,7 +122,14 @@ impl Limiter {
             deny_retry: Duration::from_secs(1),
             history: DecisionHistory::default(),
             reloads,
+            quota_mode: AtomicBool::new(false),
         }
+    }
+
+    /// Makes every limit a quota limit (envoyproxy/ratelimit's `QUOTA_MODE`): a request is
+    /// refused only when every descriptor with a limit refuses it.
+    pub fn set_quota_mode(&self, on: bool) {
+        self.quota_mode.store(on, Ordering::Relaxed);
     }
 
     /// Decision totals over the last minutes, as [`crate::activity::sample_every`] samples them.
@@ -141,8 +153,8 @@ impl Limiter {
         let stats = self.rules.stats();
         self.metrics.render(&Snapshot {
             tracked_keys: self.store.tracked_keys(),
-            reloads: stats.reloads.load(std::sync::atomic::Ordering::Relaxed),
-            reload_failures: stats.failures.load(std::sync::atomic::Ordering::Relaxed),
+            reloads: stats.reloads.load(Ordering::Relaxed),
+            reload_failures: stats.failures.load(Ordering::Relaxed),
             redis: self.redis.as_ref().map(RedisStore::stats),
             hybrid: self.hybrid.as_ref().map(sluice_hybrid::HybridStore::stats),
         })
@@ -189,34 +201,47 @@ impl Limiter {
                 key: m.key,
                 cost: m.cost,
                 mode: m.rule.mode,
+                quota: m.rule.quota,
                 rule: Some(m.rule),
             });
         }
         planned.sort_by_key(|p| p.descriptor);
+        let global_quota = self.quota_mode.load(Ordering::Relaxed);
+        if global_quota {
+            for p in &mut planned {
+                p.quota = true;
+            }
+        }
 
         // Enforced limits are all-or-nothing together; shadow and soft limits count on their
         // own, so that one of them refusing never stops a passing request from being counted.
         let (enforced, observed): (Vec<usize>, Vec<usize>) =
             (0..planned.len()).partition(|&i| planned[i].mode.enforces());
+        let quota = planned.iter().any(|p| p.quota);
         let (a, b) = if observed.is_empty() {
             (
-                self.check_group(&planned, &enforced).await,
+                self.check_enforced(&planned, &enforced, quota).await,
                 (Vec::new(), false),
             )
         } else {
             tokio::join!(
-                self.check_group(&planned, &enforced),
+                self.check_enforced(&planned, &enforced, quota),
                 self.check_group(&planned, &observed)
             )
         };
+        // Under the service-wide quota mode every limit is a quota limit, and a descriptor no
+        // rule matched counts as a quota descriptor that passed, as Envoy counts it.
+        let allowed = a.allowed
+            || (global_quota
+                && any_quota_passes(&planned, &a, request.descriptors.len(), &matches.unlimited));
         // Each planned check's decision, and whether it came from the fallback. With no shadow
         // or soft limit (the usual case), the enforced group is every check, in order.
         let results: Vec<Option<(Decision, bool)>> = if observed.is_empty() {
-            a.0.into_iter().map(|d| Some((d, a.1))).collect()
+            a.decisions.into_iter().map(Some).collect::<Vec<_>>()
         } else {
             let mut results = vec![None; planned.len()];
-            for (i, d) in enforced.iter().zip(a.0) {
-                results[*i] = Some((d, a.1));
+            for (i, d) in enforced.iter().zip(a.decisions) {
+                results[*i] = Some(d);
             }
             for (i, d) in observed.iter().zip(b.0) {
                 results[*i] = Some((d, b.1));
@@ -224,7 +249,7 @@ impl Limiter {
             results
         };
         let mut verdict = Verdict {
-            allowed: true,
+            allowed,
             limits: Vec::with_capacity(planned.len()),
             unlimited: matches.unlimited,
         };
@@ -239,16 +264,18 @@ impl Limiter {
                 (false, true, _) => Outcome::Limited,
                 (false, false, _) => Outcome::ShadowLimited,
             };
-            if enforced && !decision.allowed {
-                verdict.allowed = false;
-            }
             let name: Arc<str> = match &p.rule {
                 Some(r) => r.name.clone().unwrap_or_else(|| r.path.clone()),
                 None => Arc::from("override"),
             };
-            match &p.rule {
-                Some(rule) => self.count(&rules, rule, &request.domain, &name, outcome),
-                None => self.metrics.decision(&request.domain, &name, outcome),
+            let per_value = p
+                .rule
+                .as_ref()
+                .and_then(|r| r.metric_label(&request.descriptors[p.descriptor]));
+            match (&p.rule, per_value) {
+                (_, Some(label)) => self.metrics.decision(&request.domain, &label, outcome),
+                (Some(rule), None) => self.count(&rules, rule, &request.domain, &name, outcome),
+                (None, None) => self.metrics.decision(&request.domain, &name, outcome),
             }
             if outcome == Outcome::Limited {
                 self.metrics.limited_key(&p.key);
@@ -260,6 +287,7 @@ impl Limiter {
                 policy: p.policy,
                 rule: p.rule,
                 mode: p.mode,
+                quota: p.quota,
                 decision,
                 outcome,
             });
@@ -302,6 +330,51 @@ impl Limiter {
         }
     }
 
+    /// Checks the enforced limits at `which` all-or-nothing. With quota limits among them
+    /// (`quota`), Envoy's `quota_mode` applies: a quota descriptor that is refused drops out
+    /// and the rest are checked again without it, so that the request passes, consuming from
+    /// every other limit, as long as one quota descriptor admits it. A refused quota
+    /// descriptor's decisions are from the round that refused it, which consumed nothing.
+    async fn check_enforced(&self, planned: &[Planned], which: &[usize], quota: bool) -> Enforced {
+        let (decisions, failed) = self.check_group(planned, which).await;
+        let mut out = Enforced {
+            allowed: decisions.iter().all(|d| d.allowed),
+            decisions: decisions.into_iter().map(|d| (d, failed)).collect(),
+        };
+        if out.allowed || !quota {
+            return out;
+        }
+        // Positions in `which` still checked; each round drops at least one quota descriptor.
+        let mut active: Vec<usize> = (0..which.len()).collect();
+        loop {
+            let refused = |k: &usize| !out.decisions[*k].0.allowed;
+            if active
+                .iter()
+                .any(|k| refused(k) && !planned[which[*k]].quota)
+            {
+                return out;
+            }
+            let dropped: Vec<usize> = active
+                .iter()
+                .filter(|k| refused(k))
+                .map(|k| planned[which[*k]].descriptor)
+                .collect();
+            active.retain(|k| !dropped.contains(&planned[which[*k]].descriptor));
+            if !active.iter().any(|k| planned[which[*k]].quota) {
+                return out;
+            }
+            let again: Vec<usize> = active.iter().map(|k| which[*k]).collect();
+            let (decisions, failed) = self.check_group(planned, &again).await;
+            out.allowed = decisions.iter().all(|d| d.allowed);
+            for (k, d) in active.iter().zip(decisions) {
+                out.decisions[*k] = (d, failed);
+            }
+            if out.allowed {
+                return out;
+            }
+        }
+    }
+
     /// Checks the planned checks at `which` atomically; returns their decisions, and whether
     /// they came from the fallback because the store failed.
     async fn check_group(&self, planned: &[Planned], which: &[usize]) -> (Vec<Decision>, bool) {
@@ -336,6 +409,30 @@ impl Limiter {
             }
         }
     }
+}
+
+/// The enforced limits' decisions: each with whether it came from the fallback.
+struct Enforced {
+    /// Whether every enforced limit still checked admitted the request.
+    allowed: bool,
+    decisions: Vec<(Decision, bool)>,
+}
+
+/// Under the service-wide quota mode, whether some descriptor passes: one that is not
+/// unlimited and none of whose enforced limits refused (one without any limit included).
+fn any_quota_passes(
+    planned: &[Planned],
+    enforced: &Enforced,
+    descriptors: usize,
+    unlimited: &[usize],
+) -> bool {
+    let enforced_positions = (0..planned.len()).filter(|&i| planned[i].mode.enforces());
+    let refused: Vec<usize> = enforced_positions
+        .zip(&enforced.decisions)
+        .filter(|(_, (d, _))| !d.allowed)
+        .map(|(i, _)| planned[i].descriptor)
+        .collect();
+    (0..descriptors).any(|i| !unlimited.contains(&i) && !refused.contains(&i))
 }
 
 /// A check for a per-request limit override: a fixed window aligned on the epoch, as Envoy's,
@@ -373,6 +470,7 @@ fn override_check(
         policy: Arc::new(Policy::from(policy)),
         rule: None,
         mode: Mode::Enforce,
+        quota: false,
     })
 }
 

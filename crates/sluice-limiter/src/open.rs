@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_rules::{LoadError, ReloadEvent, Reloader, Watcher};
+use sluice_rules::{LoadError, LoadOptions, ReloadEvent, Reloader, Watcher};
 
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
@@ -45,15 +45,16 @@ pub struct Watched {
 }
 
 impl Limiter {
-    /// Loads the rules at `config` (refusing any that `opened` cannot hold, then and on every
-    /// reload), watches them for changes with `debounce`, logs every reload, and returns the
-    /// limiter over them.
+    /// Loads the rules at `config` as `load` says (refusing any that `opened` cannot hold, then
+    /// and on every reload), watches them for changes with `debounce`, logs every reload, and
+    /// returns the limiter over them.
     pub fn watching(
         config: Vec<PathBuf>,
+        load: LoadOptions,
         opened: OpenStore,
         debounce: Duration,
     ) -> Result<Watched, StartError> {
-        let reloader = Reloader::with_check(config, opened.supports_check())?;
+        let reloader = Reloader::with_options(config, load, opened.supports_check())?;
         let watcher = reloader
             .watch(debounce)
             .map_err(|e| StartError::Watch(e.to_string()))?;

@@ -28,6 +28,9 @@ pub struct LimitResult {
     pub rule: Option<Arc<Rule>>,
     /// How a denial counts. A per-request override is enforced.
     pub mode: Mode,
+    /// Envoy's `quota_mode`: this limit's denial refuses the request only when every quota
+    /// descriptor of the request is refused.
+    pub quota: bool,
     /// The store's answer (or the fallback's).
     pub decision: Decision,
     /// What it counts as.
@@ -168,6 +171,7 @@ mod tests {
             )),
             rule: None,
             mode,
+            quota: false,
             decision: Decision {
                 allowed,
                 limit: 10,

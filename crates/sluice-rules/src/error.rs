@@ -253,12 +253,26 @@ pub enum ErrorKind {
     /// An empty string where a name or key is needed.
     #[error("`{0}` cannot be empty")]
     EmptyString(&'static str),
-    /// The same domain in two files.
-    #[error("domain `{domain}` is already defined at {first}; each domain lives in one file")]
+    /// The same domain in two files, when domains are not merged.
+    #[error(
+        "domain `{domain}` is already defined at {first}; each domain lives in one file, \
+             unless domains are merged (`--merge-domains`, envoyproxy/ratelimit's \
+             MERGE_DOMAIN_CONFIG)"
+    )]
     DuplicateDomain {
         /// The domain.
         domain: String,
         /// Where it was first defined.
+        first: Location,
+    },
+    /// A top-level descriptor of a merged domain that another file of the domain defines.
+    #[error("duplicate descriptor {what} in domain `{domain}`; the first is at {first}")]
+    DuplicateMergedDescriptor {
+        /// The descriptor, as `key: value`.
+        what: String,
+        /// The domain.
+        domain: String,
+        /// Where the first one is.
         first: Location,
     },
     /// Two limits of one descriptor that would share one counter.

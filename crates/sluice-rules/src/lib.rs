@@ -60,7 +60,8 @@ pub use gateway::{
 pub use key::{MAX_IDENTITY_LEN, MAX_KEY_LEN};
 pub use matcher::{DescriptorEntries, MatchedCheck, Matches, Rule};
 pub use model::{
-    Action, DescriptorConfig, DomainConfig, LimitConfig, Mode, OnStoreError, Unit, ValueMatch,
+    Action, DescriptorConfig, DomainConfig, LimitConfig, MetaValue, Metadata, Mode, OnStoreError,
+    Unit, ValueMatch,
 };
 pub use reload::{ReloadEvent, ReloadStats, Reloader, Watcher};
-pub use ruleset::RuleSet;
+pub use ruleset::{LoadOptions, RuleSet};

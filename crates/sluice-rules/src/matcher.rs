@@ -29,7 +29,7 @@ use crate::key::{KEY_SUFFIX_LEN, close_key, policy_id, push_encoded};
 /// lookup, which cannot grow a chain; a fast hasher is safe here and halves a lookup's cost.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use crate::model::{
-    Action, DescriptorConfig, DomainConfig, LimitConfig, Mode, OnStoreError, ValueMatch,
+    Action, DescriptorConfig, DomainConfig, LimitConfig, Metadata, Mode, OnStoreError, ValueMatch,
 };
 
 /// One limit as the matcher hands it out: the rule's policy and everything a front end needs to
@@ -55,6 +55,16 @@ pub struct Rule {
     pub path: Arc<str>,
     /// Where the limit is written, for logs that point the operator at the file.
     pub location: Location,
+    /// Envoy's `quota_mode`: a denial refuses the request only when every quota descriptor
+    /// of the request is denied.
+    pub quota: bool,
+    /// Envoy's `metadata` of the rule's descriptor, returned in dynamic metadata when a
+    /// request passes it.
+    pub metadata: Option<Arc<Metadata>>,
+    /// How the metric label is built from the request when `detailed_metric` or
+    /// `value_to_metric` puts request values in it; `None` when the label is [`Rule::path`]
+    /// (or the name).
+    metric_parts: Option<Box<[LabelPart]>>,
     replaces: Vec<Arc<str>>,
     policy_id: String,
 }
@@ -64,6 +74,51 @@ impl Rule {
     pub fn replaces(&self) -> &[Arc<str>] {
         &self.replaces
     }
+
+    /// The metric label of a decision on `descriptor` (a request descriptor this rule
+    /// matched), when `detailed_metric` or `value_to_metric` asks for the request's values in
+    /// it: the rule's path with those values in place, such as `api/user=alice/path=/login`.
+    /// `None` when the label does not depend on the request.
+    pub fn metric_label<D: DescriptorEntries + ?Sized>(&self, descriptor: &D) -> Option<String> {
+        let parts = self.metric_parts.as_deref()?;
+        let mut label = String::new();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                label.push('/');
+            }
+            match part {
+                LabelPart::Fixed(text) => label.push_str(text),
+                LabelPart::Value => {
+                    // Parts after the domain follow the request's entries one to one.
+                    let (key, value) = descriptor.entry(i - 1);
+                    label.push_str(key);
+                    if !value.is_empty() {
+                        label.push('=');
+                        label.push_str(value);
+                    }
+                }
+            }
+        }
+        Some(label)
+    }
+}
+
+/// One level of a metric label: the rule's own text, or the request's entry at that level.
+#[derive(Debug, Clone)]
+enum LabelPart {
+    /// As the rule reads: the domain, `key`, `key=value` or `key=pattern*`.
+    Fixed(Box<str>),
+    /// The request's `key=value` at this level.
+    Value,
+}
+
+/// The metric label parts of the path down to a node, under both of Envoy's rules: with
+/// `value_to_metric` (values only where a level asks for them) and with `detailed_metric` on
+/// the leaf (every value, but a `share_threshold` wildcard's pattern).
+#[derive(Debug, Clone)]
+struct LabelPath {
+    by_value: Vec<LabelPart>,
+    detailed: Vec<LabelPart>,
 }
 
 /// One check to make for a request: a counter, its rule, and the cost.
@@ -216,8 +271,12 @@ impl CompiledDomain {
         let mut key_prefix = String::new();
         push_encoded(&mut key_prefix, &config.name);
         let mut root = Level::default();
+        let domain = LabelPath {
+            by_value: vec![LabelPart::Fixed(config.name.as_str().into())],
+            detailed: vec![LabelPart::Fixed(config.name.as_str().into())],
+        };
         for d in &config.descriptors {
-            insert(&mut root, d, &config.name);
+            insert(&mut root, d, &config.name, &domain);
         }
         CompiledDomain {
             config,
@@ -282,18 +341,43 @@ impl CompiledDomain {
     }
 }
 
-fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str) {
-    let path: Arc<str> = match &d.value {
-        ValueMatch::Any => format!("{parent_path}/{}", d.key),
-        v => format!("{parent_path}/{}={v}", d.key),
-    }
-    .into();
+fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str, parent: &LabelPath) {
+    let own = match &d.value {
+        ValueMatch::Any => d.key.clone(),
+        v => format!("{}={v}", d.key),
+    };
+    let path: Arc<str> = format!("{parent_path}/{own}").into();
+    let wildcard = matches!(d.value, ValueMatch::Prefix(_) | ValueMatch::Pattern(_));
+    let fixed = || LabelPart::Fixed(own.as_str().into());
+    let mut labels = parent.clone();
+    labels.by_value.push(match &d.value {
+        ValueMatch::Exact(_) => fixed(),
+        _ if wildcard && d.share_threshold => fixed(),
+        _ if d.value_to_metric => LabelPart::Value,
+        _ => fixed(),
+    });
+    labels.detailed.push(if wildcard && d.share_threshold {
+        fixed()
+    } else {
+        LabelPart::Value
+    });
+    let metric_parts: Option<Box<[LabelPart]>> = if d.detailed_metric {
+        Some(labels.detailed.clone().into())
+    } else if labels
+        .by_value
+        .iter()
+        .any(|p| matches!(p, LabelPart::Value))
+    {
+        Some(labels.by_value.clone().into())
+    } else {
+        None
+    };
     let mut node = Node {
         unlimited: d.unlimited,
         limits: d
             .limits
             .iter()
-            .map(|l| Arc::new(compile_limit(l, d, path.clone())))
+            .map(|l| Arc::new(compile_limit(l, d, path.clone(), metric_parts.clone())))
             .collect(),
         ..Node::default()
     };
@@ -320,7 +404,7 @@ fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str) {
         }
     }
     for child in &d.descriptors {
-        insert(&mut node.children, child, &path);
+        insert(&mut node.children, child, &path, &labels);
     }
     let rules = level.keys.entry(d.key.as_str().into()).or_default();
     // Duplicates were refused while decoding, so each slot is filled once.
@@ -347,8 +431,16 @@ fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str) {
     }
 }
 
-fn compile_limit(l: &LimitConfig, d: &DescriptorConfig, path: Arc<str>) -> Rule {
+fn compile_limit(
+    l: &LimitConfig,
+    d: &DescriptorConfig,
+    path: Arc<str>,
+    metric_parts: Option<Box<[LabelPart]>>,
+) -> Rule {
     Rule {
+        quota: d.quota_mode,
+        metadata: d.metadata.clone(),
+        metric_parts,
         policy_id: policy_id(&l.policy),
         policy: l.policy.clone(),
         name: l.name.clone(),

@@ -138,6 +138,27 @@ impl fmt::Display for ValueMatch {
     }
 }
 
+/// A value of a descriptor's `metadata`, as a protobuf `Struct` holds it: what Envoy receives
+/// in an answer's dynamic metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaValue {
+    /// `null`, `~` or nothing.
+    Null,
+    /// `true` or `false`.
+    Bool(bool),
+    /// A number; protobuf's `Struct` holds every number as a double.
+    Number(f64),
+    /// Any other scalar.
+    String(String),
+    /// A list.
+    List(Vec<MetaValue>),
+    /// A mapping, in file order; keys are unique.
+    Map(Metadata),
+}
+
+/// A descriptor's `metadata`: its fields in file order.
+pub type Metadata = Vec<(String, MetaValue)>;
+
 /// What happens to a request that a limit turns away.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub enum Action {
@@ -253,8 +274,27 @@ pub struct DescriptorConfig {
     pub detailed_metric: bool,
     /// Envoy's `share_threshold`: every value matching a `foo*` wildcard shares one counter.
     pub share_threshold: bool,
+    /// Envoy's `value_to_metric`: when this descriptor matched by its key alone or by a
+    /// wildcard, metrics name the request's value at this level instead of the rule's.
+    pub value_to_metric: bool,
+    /// Envoy's `quota_mode`: a denial of this descriptor's limits refuses the request only
+    /// when every quota descriptor of the request is denied too.
+    pub quota_mode: bool,
+    /// Envoy's `metadata`: returned in the answer's dynamic metadata when a request passes
+    /// this descriptor's limits (and the service is asked to return it).
+    pub metadata: Option<Arc<Metadata>>,
     /// Nested descriptors, matched against the request's next entry.
     pub descriptors: Vec<DescriptorConfig>,
+}
+
+impl DescriptorConfig {
+    /// How errors name the descriptor: `` `key: value` ``, or `` `key` (no value) ``.
+    pub(crate) fn what(&self) -> String {
+        match &self.value {
+            ValueMatch::Any => format!("`{}` (no value)", self.key),
+            v => format!("`{}: {v}`", self.key),
+        }
+    }
 }
 
 /// One limit, with its policy validated and its defaults resolved.

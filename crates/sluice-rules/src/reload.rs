@@ -21,7 +21,7 @@ use arc_swap::ArcSwap;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 
 use crate::error::LoadError;
-use crate::ruleset::RuleSet;
+use crate::ruleset::{LoadOptions, RuleSet};
 
 /// Reload counters, as plain atomics so a metrics exporter can read them without locking.
 #[derive(Debug, Default)]
@@ -55,6 +55,8 @@ type RuleCheck = Box<dyn Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync>;
 /// Holds the rule set in force and replaces it, atomically, when its files change.
 pub struct Reloader {
     sources: Vec<PathBuf>,
+    /// How the sources are read into one set.
+    options: LoadOptions,
     /// Run on every rule set read from the sources, the first included: such as whether the
     /// store can hold every rule. A set that fails it is refused as an invalid file is.
     check: RuleCheck,
@@ -82,10 +84,20 @@ impl Reloader {
         sources: Vec<PathBuf>,
         check: impl Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync + 'static,
     ) -> Result<Arc<Self>, LoadError> {
+        Self::with_options(sources, LoadOptions::default(), check)
+    }
+
+    /// [`Reloader::with_check`], reading the sources as `options` say, on every reload too.
+    pub fn with_options(
+        sources: Vec<PathBuf>,
+        options: LoadOptions,
+        check: impl Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync + 'static,
+    ) -> Result<Arc<Self>, LoadError> {
         let check: RuleCheck = Box::new(check);
-        let rules = load(&sources, &check)?;
+        let rules = load(&sources, options, &check)?;
         Ok(Arc::new(Reloader {
             sources,
+            options,
             check,
             current: ArcSwap::from_pointee(rules),
             stats: ReloadStats::default(),
@@ -100,6 +112,7 @@ impl Reloader {
     pub fn fixed(rules: RuleSet) -> Arc<Self> {
         Arc::new(Reloader {
             sources: Vec::new(),
+            options: LoadOptions::default(),
             check: Box::new(|_| Ok(())),
             current: ArcSwap::from_pointee(rules),
             stats: ReloadStats::default(),
@@ -113,10 +126,12 @@ impl Reloader {
     /// [`Reloader::install`], held to `check` as files are. It starts with no rules: nothing is
     /// limited until the first set arrives.
     pub fn pushed(
+        options: LoadOptions,
         check: impl Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync + 'static,
     ) -> Arc<Self> {
         Arc::new(Reloader {
             sources: Vec::new(),
+            options,
             check: Box::new(check),
             current: ArcSwap::from_pointee(RuleSet::empty()),
             stats: ReloadStats::default(),
@@ -135,6 +150,11 @@ impl Reloader {
             (self.check)(&r)?;
             Ok(r)
         }))
+    }
+
+    /// How the sources are read.
+    pub fn load_options(&self) -> LoadOptions {
+        self.options
     }
 
     /// The rule set in force. Hold the `Arc` for the length of one request, so the request is
@@ -174,7 +194,7 @@ impl Reloader {
             self.stats.unchanged.fetch_add(1, Ordering::Relaxed);
             return ReloadEvent::Unchanged;
         }
-        self.swap(load(&self.sources, &self.check))
+        self.swap(load(&self.sources, self.options, &self.check))
     }
 
     /// Puts a loaded set in force unless it is the same as the one in force, or records its
@@ -261,8 +281,12 @@ impl std::fmt::Debug for Reloader {
 }
 
 /// Reads `sources` and holds the rule set to `check`.
-fn load(sources: &[PathBuf], check: &RuleCheck) -> Result<RuleSet, LoadError> {
-    let rules = RuleSet::load_all(sources)?;
+fn load(
+    sources: &[PathBuf],
+    options: LoadOptions,
+    check: &RuleCheck,
+) -> Result<RuleSet, LoadError> {
+    let rules = RuleSet::load_all_with(sources, options)?;
     check(&rules)?;
     Ok(rules)
 }

@@ -69,8 +69,16 @@ impl RuleSet {
     where
         I: IntoIterator<Item = (&'a str, &'a str)>,
     {
+        Self::from_sources_with(sources, LoadOptions::default())
+    }
+
+    /// [`RuleSet::from_sources`], reading the files as `options` say.
+    pub fn from_sources_with<'a, I>(sources: I, options: LoadOptions) -> Result<Self, LoadError>
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)>,
+    {
         let mut errors = Vec::new();
-        let mut domains: HashMap<String, CompiledDomain> = HashMap::default();
+        let mut configs: Vec<DomainConfig> = Vec::new();
         let mut fingerprint = SipHasher13::new();
         let mut gateway: Option<Gateway> = None;
         for (name, text) in sources {
@@ -84,21 +92,27 @@ impl RuleSet {
                     if let Some(g) = domain.gateway.take() {
                         take_gateway(&mut gateway, g, &mut errors);
                     }
-                    if let Some(first) = domains.get(&domain.name) {
-                        errors.push(ConfigError::new(
+                    match configs.iter_mut().find(|d| d.name == domain.name) {
+                        None => configs.push(domain),
+                        Some(first) if options.merge_domains => {
+                            merge_domain(first, domain, &mut errors);
+                        }
+                        Some(first) => errors.push(ConfigError::new(
                             domain.location.clone(),
                             ErrorKind::DuplicateDomain {
                                 domain: domain.name.clone(),
-                                first: first.config.location.clone(),
+                                first: first.location.clone(),
                             },
-                        ));
-                        continue;
+                        )),
                     }
-                    domains.insert(domain.name.clone(), CompiledDomain::compile(domain));
                 }
                 Err(e) => errors.extend(e.errors().iter().cloned()),
             }
         }
+        let domains: HashMap<String, CompiledDomain> = configs
+            .into_iter()
+            .map(|d| (d.name.clone(), CompiledDomain::compile(d)))
+            .collect();
         if let Some(g) = &gateway {
             for route in &g.routes {
                 if !domains.contains_key(&route.domain) {
@@ -133,6 +147,11 @@ impl RuleSet {
 
     /// Loads several files and directories as one set, as `sluice validate PATH...` does.
     pub fn load_all(paths: &[PathBuf]) -> Result<Self, LoadError> {
+        Self::load_all_with(paths, LoadOptions::default())
+    }
+
+    /// [`RuleSet::load_all`], reading the files as `options` say.
+    pub fn load_all_with(paths: &[PathBuf], options: LoadOptions) -> Result<Self, LoadError> {
         let mut files = Vec::new();
         let mut errors = Vec::new();
         for path in paths {
@@ -146,7 +165,8 @@ impl RuleSet {
                 Err(e) => errors.push(io_error(&name, &e)),
             }
         }
-        let loaded = Self::from_sources(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())));
+        let loaded =
+            Self::from_sources_with(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())), options);
         match loaded {
             Ok(set) if errors.is_empty() => Ok(set),
             Ok(_) => Err(LoadError::new(errors)),
@@ -255,6 +275,39 @@ impl RuleSet {
     /// A hash of the source files; equal fingerprints mean the same files with the same text.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+}
+
+/// How rule files are read into one set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Several files of one domain add their descriptors to it, as envoyproxy/ratelimit's
+    /// `MERGE_DOMAIN_CONFIG` does; a top-level descriptor defined in two of them is an error.
+    /// Off, a domain in a second file is an error.
+    pub merge_domains: bool,
+}
+
+/// Adds `more`'s descriptors to `into`, a domain of the same name from an earlier file. Each
+/// file's settings (its `action`, `on_store_error`) already sit on its own descriptors.
+fn merge_domain(into: &mut DomainConfig, more: DomainConfig, errors: &mut Vec<ConfigError>) {
+    for d in more.descriptors {
+        if let Some(first) = into
+            .descriptors
+            .iter()
+            .find(|f| f.key == d.key && f.value == d.value)
+        {
+            let what = d.what();
+            errors.push(ConfigError::new(
+                d.location.clone(),
+                ErrorKind::DuplicateMergedDescriptor {
+                    what,
+                    domain: into.name.clone(),
+                    first: first.location.clone(),
+                },
+            ));
+            continue;
+        }
+        into.descriptors.push(d);
     }
 }
 

@@ -344,3 +344,149 @@ descriptors:
     assert_eq!(a.1, b.1, "share_threshold: one counter for the pattern");
     assert_eq!(limit("name", "foobazbar"), None);
 }
+
+#[test]
+fn quota_mode_metadata_and_value_to_metric_are_read_onto_the_rule() {
+    let rules = RuleSet::parse(
+        "quota.yaml",
+        r#"
+domain: rl
+descriptors:
+  - key: service
+    value: gold
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata:
+      service_with_quota: {name: "gold", weight: 2, tags: [a, 0x10], off: false, none: ~}
+  - key: team
+    value_to_metric: true
+    descriptors:
+      - key: path
+        value: /api/*
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let gold = only(&one(&rules, "rl", &[("service", "gold")]))
+        .rule
+        .clone();
+    assert!(gold.quota);
+    use sluice_rules::MetaValue as M;
+    let expected = vec![(
+        "service_with_quota".to_owned(),
+        M::Map(vec![
+            ("name".into(), M::String("gold".into())),
+            ("weight".into(), M::Number(2.0)),
+            (
+                "tags".into(),
+                M::List(vec![M::String("a".into()), M::Number(16.0)]),
+            ),
+            ("off".into(), M::Bool(false)),
+            ("none".into(), M::Null),
+        ]),
+    )];
+    assert_eq!(gold.metadata.as_deref(), Some(&expected));
+
+    // value_to_metric on the key-only level puts the request's value there; the wildcard
+    // level below keeps its pattern; a rule without either keeps its path.
+    let entries = [("team", "red"), ("path", "/api/v1")];
+    let team = only(&one(&rules, "rl", &entries)).rule.clone();
+    assert_eq!(
+        team.metric_label(&entries[..]).as_deref(),
+        Some("rl/team=red/path=/api/*")
+    );
+    let plain = only(&one(&rules, "rl", &[("plain", "x")])).rule.clone();
+    assert_eq!(plain.metric_label(&[("plain", "x")][..]), None);
+    assert!(!plain.quota && plain.metadata.is_none());
+}
+
+#[test]
+fn detailed_metric_names_every_value_but_a_shared_wildcards_pattern() {
+    let rules = RuleSet::parse(
+        "detailed.yaml",
+        r#"
+domain: rl
+descriptors:
+  - key: files
+    value: "docs/*"
+    share_threshold: true
+    descriptors:
+      - key: user
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 5}
+"#,
+    )
+    .unwrap();
+    let entries = [("files", "docs/a.pdf"), ("user", "alice")];
+    let rule = only(&one(&rules, "rl", &entries)).rule.clone();
+    assert_eq!(
+        rule.metric_label(&entries[..]).as_deref(),
+        Some("rl/files=docs/*/user=alice")
+    );
+}
+
+#[test]
+fn metadata_that_is_not_a_mapping_is_refused_where_it_is() {
+    for (text, at, says) in [
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: [a]\n",
+            "m.yaml:4:15",
+            "`metadata` must be a mapping",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: {a: 1, a: 2}\n",
+            "m.yaml:4:22",
+            "metadata.a",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    quota_mode: maybe\n",
+            "m.yaml:4:17",
+            "quota_mode",
+        ),
+    ] {
+        let e = RuleSet::parse("m.yaml", text).unwrap_err().to_string();
+        assert!(e.starts_with(at) && e.contains(says), "{e}");
+    }
+}
+
+#[test]
+fn files_of_one_domain_merge_only_when_asked() {
+    use sluice_rules::LoadOptions;
+    let first = (
+        "a.yaml",
+        "domain: d\ndescriptors:\n  - key: one\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    let second = (
+        "b.yaml",
+        "domain: d\ndescriptors:\n  - key: two\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+    );
+    let e = RuleSet::from_sources([first, second])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("b.yaml:1:9: domain `d` is already defined at a.yaml:1:9"),
+        "{e}"
+    );
+
+    let merge = LoadOptions {
+        merge_domains: true,
+    };
+    let rules = RuleSet::from_sources_with([first, second], merge).unwrap();
+    assert_eq!(epoch_window(only(&one(&rules, "d", &[("one", "x")]))).0, 1);
+    assert_eq!(epoch_window(only(&one(&rules, "d", &[("two", "x")]))).0, 2);
+
+    // A top-level descriptor in both files is refused, naming both places.
+    let again = (
+        "c.yaml",
+        "domain: d\ndescriptors:\n  - key: one\n    rate_limit: {unit: hour, requests_per_unit: 9}\n",
+    );
+    let e = RuleSet::from_sources_with([first, second, again], merge)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("c.yaml:3:5: duplicate descriptor `one` (no value) in domain `d`; the first is at a.yaml:3:5"),
+        "{e}"
+    );
+}

@@ -10,7 +10,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use sluice_core::{Policy, UnsupportedPolicy};
-use sluice_rules::{ErrorKind, LoadError, ReloadEvent, Reloader};
+use sluice_rules::{ErrorKind, LoadError, LoadOptions, ReloadEvent, Reloader};
 
 const DEBOUNCE: Duration = Duration::from_millis(20);
 /// How long a watcher test waits for its reload: far beyond any healthy machine's need, so the
@@ -336,7 +336,9 @@ fn watcher_sees_a_kubernetes_configmap_swap_of_a_single_file() {
 #[test]
 fn pushed_rules_are_installed_or_refused_like_files() {
     use sluice_rules::RuleSet;
-    let reloader = Reloader::pushed(|set: &RuleSet| set.check_supported(hourly_store));
+    let reloader = Reloader::pushed(LoadOptions::default(), |set: &RuleSet| {
+        set.check_supported(hourly_store)
+    });
     let events = reloader.subscribe();
     assert!(reloader.rules().domain_names().is_empty());
     let event = reloader.install(RuleSet::parse("xds:a", &rules(7)));

@@ -16,6 +16,12 @@ pub struct EnvoyAnswers {
     pub shadow_mode: bool,
     /// Ask Envoy to add these headers, describing the descriptor closest to its limit.
     pub limit_headers: Option<LimitHeaderNames>,
+    /// Every limit is a quota limit (envoyproxy/ratelimit's `QUOTA_MODE`): a request is refused
+    /// only when every descriptor with a limit refuses it.
+    pub quota_mode: bool,
+    /// Return the request and the passed descriptors' rule `metadata` in the answer's dynamic
+    /// metadata (envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`).
+    pub dynamic_metadata: bool,
     /// `/healthcheck` fails while no domain is loaded (envoyproxy/ratelimit's
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`), as it may be with rules over xDS.
     pub healthy_needs_rules: bool,
@@ -131,6 +137,8 @@ mod tests {
             shadow_mode,
             limit_headers: Some(LimitHeaderNames::default()),
             healthy_needs_rules: false,
+            dynamic_metadata: false,
+            quota_mode: false,
         }
     }
 

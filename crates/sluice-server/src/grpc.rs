@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 
 use crate::compat::EnvoyAnswers;
 use crate::envoy::{RateLimitRequest, RateLimitResponse, to_limit_request, to_response};
+use crate::metadata::dynamic_metadata;
 
 /// The gRPC rate-limit service.
 #[derive(Debug, Clone)]
@@ -51,7 +52,9 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let request = to_limit_request(request.into_inner()).map_err(Status::invalid_argument)?;
+        let request = request.into_inner();
+        let sent_cost = request.hits_addend;
+        let request = to_limit_request(request).map_err(Status::invalid_argument)?;
         let verdict = self
             .limiter
             .decide(&request)
@@ -70,6 +73,9 @@ impl RateLimitService for RlsService {
                 .collect();
         }
         self.answers.finish(&mut response);
+        if self.answers.dynamic_metadata {
+            response.dynamic_metadata = Some(dynamic_metadata(sent_cost, &request, &verdict));
+        }
         Ok(Response::new(response))
     }
 }

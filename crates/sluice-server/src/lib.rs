@@ -21,6 +21,7 @@ pub mod compat;
 pub mod debug;
 pub mod envoy;
 pub mod grpc;
+pub mod metadata;
 pub mod xds;
 
 use std::net::SocketAddr;
@@ -39,6 +40,9 @@ use tokio::task::JoinHandle;
 pub struct ServeOptions {
     /// Rule files or directories.
     pub config: Vec<PathBuf>,
+    /// How the rule files (or the xDS resources) are read into one set: whether several of
+    /// one domain merge.
+    pub load: sluice_rules::LoadOptions,
     /// Where the HTTP API listens.
     pub http_addr: SocketAddr,
     /// Where the gRPC service listens.
@@ -98,6 +102,7 @@ impl ServeOptions {
     pub fn new(config: Vec<PathBuf>) -> Self {
         ServeOptions {
             config,
+            load: sluice_rules::LoadOptions::default(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 8081)),
             store: "memory".to_owned(),
@@ -175,12 +180,17 @@ impl Server {
         let mut tasks = Vec::new();
         let (limiter, watcher) = match &options.xds {
             None => {
-                let watched =
-                    Limiter::watching(options.config.clone(), opened, options.reload_debounce)?;
+                let watched = Limiter::watching(
+                    options.config.clone(),
+                    options.load,
+                    opened,
+                    options.reload_debounce,
+                )?;
                 (watched.limiter, Some(watched.watcher))
             }
             Some(xds) => {
-                let reloader = sluice_rules::Reloader::pushed(opened.supports_check());
+                let reloader =
+                    sluice_rules::Reloader::pushed(options.load, opened.supports_check());
                 let first = xds.wait_for_rules.then(|| reloader.subscribe());
                 sluice_limiter::log_reloads(&reloader);
                 let limiter = Arc::new(Limiter::with_open_store(
@@ -211,6 +221,7 @@ impl Server {
             local(&http, options.http_addr),
             local(&grpc, options.grpc_addr),
         );
+        limiter.set_quota_mode(options.envoy.quota_mode);
         let admin_token: Option<Arc<str>> = options.admin_token.map(Arc::from);
         let state = api::ApiState {
             limiter: limiter.clone(),

@@ -15,14 +15,14 @@ use std::time::Duration;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use envoy_types::pb::google::protobuf::{Any, Struct, Value, value::Kind};
+use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::rpc::Status;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitUnit,
 };
 use prost::Message as _;
 use serde_json::{Map, json};
-use sluice_rules::{LoadError, ReloadEvent, Reloader, RuleSet};
+use sluice_rules::{LoadError, LoadOptions, ReloadEvent, Reloader, RuleSet};
 use tokio::sync::{mpsc, watch};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
@@ -71,7 +71,7 @@ pub struct XdsTls {
 
 /// Turns the resources of one response into rules: every resource a `RateLimitConfig`, each
 /// its own domain.
-pub fn rules_from_resources(resources: &[Any]) -> Result<RuleSet, String> {
+pub fn rules_from_resources(resources: &[Any], load: LoadOptions) -> Result<RuleSet, String> {
     let mut sources = Vec::with_capacity(resources.len());
     for (i, any) in resources.iter().enumerate() {
         if any.type_url != RATE_LIMIT_CONFIG_TYPE {
@@ -90,7 +90,7 @@ pub fn rules_from_resources(resources: &[Any]) -> Result<RuleSet, String> {
         // JSON is YAML: the rules' own decoder checks it, with its own messages.
         sources.push((name, config_json(&config).to_string()));
     }
-    RuleSet::from_sources(sources.iter().map(|(n, t)| (n.as_str(), t.as_str())))
+    RuleSet::from_sources_with(sources.iter().map(|(n, t)| (n.as_str(), t.as_str())), load)
         .map_err(|e: LoadError| e.to_string())
 }
 
@@ -149,29 +149,9 @@ fn descriptor_json(d: &RateLimitDescriptor) -> serde_json::Value {
         }
     }
     if let Some(metadata) = &d.metadata {
-        out.insert("metadata".into(), struct_json(metadata));
+        out.insert("metadata".into(), crate::metadata::struct_json(metadata));
     }
     serde_json::Value::Object(out)
-}
-
-fn struct_json(s: &Struct) -> serde_json::Value {
-    serde_json::Value::Object(
-        s.fields
-            .iter()
-            .map(|(k, v)| (k.clone(), value_json(v)))
-            .collect(),
-    )
-}
-
-fn value_json(v: &Value) -> serde_json::Value {
-    match &v.kind {
-        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
-        Some(Kind::NumberValue(n)) => json!(n),
-        Some(Kind::StringValue(s)) => json!(s),
-        Some(Kind::BoolValue(b)) => json!(b),
-        Some(Kind::StructValue(s)) => struct_json(s),
-        Some(Kind::ListValue(l)) => l.values.iter().map(value_json).collect(),
-    }
 }
 
 /// Follows the xDS server until `stopped` turns true, installing each set of rules it sends.
@@ -279,7 +259,7 @@ fn apply(reloader: &Reloader, response: &DiscoveryResponse) -> Result<(), String
             response.type_url
         ));
     }
-    let rules = rules_from_resources(&response.resources)?;
+    let rules = rules_from_resources(&response.resources, reloader.load_options())?;
     match reloader.install(Ok(rules)) {
         ReloadEvent::Reloaded { .. } | ReloadEvent::Unchanged => Ok(()),
         ReloadEvent::Failed(e) => Err(e.to_string()),
@@ -373,7 +353,7 @@ mod tests {
                 ..Default::default()
             }],
         };
-        let from_xds = rules_from_resources(&[any(&config)]).unwrap();
+        let from_xds = rules_from_resources(&[any(&config)], LoadOptions::default()).unwrap();
         let from_file = RuleSet::parse(
             "rules.yaml",
             "domain: eg\ndescriptors:\n  - key: client\n    descriptors:\n      - key: path\n        value: /api/*\n        shadow_mode: true\n        rate_limit: {name: api, replaces: [{name: other}], unit: hour, requests_per_unit: 500}\n      - key: bot\n        rate_limit: {unlimited: true}\n",
@@ -397,24 +377,25 @@ mod tests {
                 ..Default::default()
             }],
         };
-        let e = rules_from_resources(&[any(&unknown_unit)]).unwrap_err();
+        let e = rules_from_resources(&[any(&unknown_unit)], LoadOptions::default()).unwrap_err();
         assert!(e.contains("xds:bad"), "{e}");
         let mut ok = unknown_unit.clone();
         ok.descriptors[0].rate_limit = limit(RateLimitUnit::Second, 5);
         let mut ok_again = ok.clone();
         ok_again.name = "again".into();
-        let e = rules_from_resources(&[any(&ok), any(&ok_again)]).unwrap_err();
+        let e =
+            rules_from_resources(&[any(&ok), any(&ok_again)], LoadOptions::default()).unwrap_err();
         assert!(e.contains("eg"), "{e}");
         let wrong = Any {
             type_url: "type.googleapis.com/google.protobuf.Empty".into(),
             value: Vec::new(),
         };
-        let e = rules_from_resources(&[wrong]).unwrap_err();
+        let e = rules_from_resources(&[wrong], LoadOptions::default()).unwrap_err();
         assert!(e.contains("not a RateLimitConfig"), "{e}");
         let garbage = Any {
             type_url: RATE_LIMIT_CONFIG_TYPE.into(),
             value: vec![0xff, 0xff, 0xff],
         };
-        assert!(rules_from_resources(&[garbage]).is_err());
+        assert!(rules_from_resources(&[garbage], LoadOptions::default()).is_err());
     }
 }

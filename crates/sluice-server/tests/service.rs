@@ -33,6 +33,27 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0}
   - key: health
     rate_limit: {unlimited: true}
+  - key: service
+    value: gold
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata:
+      plan: {name: gold, tier: 1}
+  - key: service
+    value: silver
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata:
+      plan: {name: silver}
+      shared: [a, 2, true]
+  - key: team
+    value_to_metric: true
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
   - key: user
     limits:
       - name: burst
@@ -781,4 +802,178 @@ async fn envoy_answer_rules_hold_on_grpc_and_json() {
     let body = json!({"domain": "shop", "descriptors": [{"entries": []}]});
     let (status, j, _) = h.post("/json", &body).await;
     assert_eq!((status, j["overallCode"].clone()), (200, json!("OK")));
+}
+
+fn codes(r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse) -> Vec<i32> {
+    std::iter::once(r.overall_code)
+        .chain(r.statuses.iter().map(|s| s.code))
+        .collect()
+}
+
+#[tokio::test]
+async fn quota_mode_refuses_only_when_every_quota_descriptor_does() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let both = || {
+        request(vec![
+            descriptor(&[("service", "gold")]),
+            descriptor(&[("service", "silver")]),
+        ])
+    };
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let r = client.should_rate_limit(both()).await.unwrap().into_inner();
+        answers.push(codes(&r));
+    }
+    // gold allows 1 a minute and silver 2: the second request passes on silver alone, and
+    // gold, refused, consumed nothing; the third finds both spent.
+    assert_eq!(
+        answers,
+        [vec![ok, ok, ok], vec![ok, over, ok], vec![over, over, over]]
+    );
+
+    // Beside an ordinary limit: every quota descriptor refused refuses the request, and the
+    // ordinary limit consumes nothing.
+    let mixed = request(vec![
+        descriptor(&[("client", "q")]),
+        descriptor(&[("service", "gold")]),
+    ]);
+    let r = client.should_rate_limit(mixed).await.unwrap().into_inner();
+    assert_eq!(codes(&r), [over, ok, over]);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 3,
+        "all 3 left, nothing consumed: {r:?}"
+    );
+
+    // The same over /json, and /v1/check follows the same verdict.
+    let body = json!({"domain": "shop", "descriptors": [
+        {"entries": [{"key": "service", "value": "gold"}]},
+        {"entries": [{"key": "service", "value": "silver"}]}]});
+    let (status, j, _) = h.post("/json", &body).await;
+    assert_eq!(status, 429, "{j}");
+    let (status, _, _) = h.post("/v1/check", &body).await;
+    assert_eq!(status, 429);
+    h.clock.advance(Duration::from_secs(60));
+    let (status, j, _) = h.post("/json", &body).await;
+    assert_eq!(
+        (status, j["overallCode"].clone()),
+        (200, json!("OK")),
+        "{j}"
+    );
+}
+
+#[tokio::test]
+async fn the_service_wide_quota_mode_makes_every_limit_a_quota_limit() {
+    let h = Harness::start_with(|o| o.envoy.quota_mode = true).await;
+    let mut client = h.grpc().await;
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let one = || request(vec![descriptor(&[("bot", "evil")])]);
+    let r = client.should_rate_limit(one()).await.unwrap().into_inner();
+    assert_eq!(codes(&r), [over, over], "its only descriptor refused");
+    let with_other = request(vec![
+        descriptor(&[("bot", "evil")]),
+        descriptor(&[("client", "g")]),
+    ]);
+    let r = client
+        .should_rate_limit(with_other)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), [ok, over, ok]);
+    assert_eq!(r.statuses[1].limit_remaining, 2, "the passing one consumed");
+}
+
+#[tokio::test]
+async fn dynamic_metadata_carries_the_request_and_the_passed_rules_metadata() {
+    let h = Harness::start_with(|o| o.envoy.dynamic_metadata = true).await;
+    let mut client = h.grpc().await;
+    let mut req = request(vec![
+        descriptor(&[("service", "gold")]),
+        descriptor(&[("service", "silver")]),
+    ]);
+    req.hits_addend = 1;
+    req.descriptors[1].hits_addend =
+        Some(envoy_types::pb::google::protobuf::UInt64Value { value: 1 });
+    let first = client
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let second = client.should_rate_limit(req).await.unwrap().into_inner();
+    let json_of = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        sluice_server::metadata::struct_json(r.dynamic_metadata.as_ref().expect("metadata"))
+    };
+    // Both passed: their metadata merge, the first's field kept where both have one.
+    assert_eq!(
+        json_of(&first),
+        json!({
+            "domain": "shop",
+            "hitsAddend": 1.0,
+            "descriptors": [
+                {"entries": ["service=gold"]},
+                {"entries": ["service=silver"], "hitsAddend": 1.0}
+            ],
+            "metadata": {"plan": {"name": "gold", "tier": 1.0}, "shared": ["a", 2.0, true]}
+        })
+    );
+    // gold refused (quota mode): only silver's metadata.
+    assert_eq!(
+        json_of(&second)["metadata"],
+        json!({"plan": {"name": "silver"}, "shared": ["a", 2.0, true]})
+    );
+
+    // /json carries it too; a refused request's metadata names no rule's.
+    let body = json!({"domain": "shop", "descriptors": [
+        {"entries": [{"key": "service", "value": "gold"}]}]});
+    let (status, j, _) = h.post("/json", &body).await;
+    assert_eq!(status, 429);
+    assert_eq!(
+        j["dynamicMetadata"],
+        json!({"domain": "shop", "descriptors": [{"entries": ["service=gold"]}]})
+    );
+
+    // Off, there is none.
+    let off = Harness::start().await;
+    let r = off
+        .grpc()
+        .await
+        .should_rate_limit(request(vec![descriptor(&[("service", "gold")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.dynamic_metadata.is_none());
+}
+
+#[tokio::test]
+async fn value_to_metric_and_detailed_metric_put_request_values_in_the_label() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    for d in [
+        descriptor(&[("team", "red"), ("path", "/a")]),
+        descriptor(&[("team", "blue"), ("path", "/a")]),
+        descriptor(&[("tenant", "acme")]),
+        descriptor(&[("client", "plain")]),
+    ] {
+        client.should_rate_limit(request(vec![d])).await.unwrap();
+    }
+    let text = h
+        .http
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for rule in [
+        "shop/team=red/path",
+        "shop/team=blue/path",
+        "shop/tenant=acme",
+        "shop/client",
+    ] {
+        let series =
+            format!(r#"sluice_decisions_total{{domain="shop",rule="{rule}",outcome="allowed"}} 1"#);
+        assert!(text.contains(&series), "{series} in {text}");
+    }
 }

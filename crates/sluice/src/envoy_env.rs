@@ -99,13 +99,6 @@ const NOT_HONOURED: &[(&str, &str)] = &[
         "REDIS_SENTINEL_AUTH",
         "Sentinels are reached without credentials",
     ),
-    ("GLOBAL_QUOTA_MODE", "not supported yet"),
-    ("QUOTA_MODE", "not supported yet"),
-    ("RESPONSE_DYNAMIC_METADATA", "not supported yet"),
-    (
-        "MERGE_DOMAIN_CONFIG",
-        "not supported yet; a domain in two files is refused",
-    ),
     (
         "CONFIG_GRPC_XDS_NODE_METADATA",
         "the node presents its id only",
@@ -253,8 +246,11 @@ pub(crate) fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> 
         });
     }
 
+    options.load.merge_domains = env.flag("MERGE_DOMAIN_CONFIG", false)?;
     options.envoy = EnvoyAnswers {
         shadow_mode: env.flag("SHADOW_MODE", false)?,
+        quota_mode: env.flag("QUOTA_MODE", false)?,
+        dynamic_metadata: env.flag("RESPONSE_DYNAMIC_METADATA", false)?,
         healthy_needs_rules: env.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
         limit_headers: if env.flag("LIMIT_RESPONSE_HEADERS_ENABLED", false)? {
             let defaults = LimitHeaderNames::default();
@@ -578,10 +574,26 @@ mod tests {
         ]))
         .unwrap();
         assert!(l.options.envoy.shadow_mode);
+        assert!(!l.options.envoy.quota_mode && !l.options.envoy.dynamic_metadata);
+        assert!(!l.options.load.merge_domains);
         let names = l.options.envoy.limit_headers.unwrap();
         assert_eq!(names.limit, "RateLimit-Limit");
         assert_eq!(names.remaining, "X-Left");
         assert_eq!(names.reset, "RateLimit-Reset");
+    }
+
+    #[test]
+    fn quota_mode_dynamic_metadata_and_merged_domains_are_honoured() {
+        let l = launch(&redis_tcp(&[
+            ("QUOTA_MODE", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
+        ]))
+        .unwrap();
+        assert!(l.options.envoy.quota_mode);
+        assert!(l.options.envoy.dynamic_metadata);
+        assert!(l.options.load.merge_domains);
+        assert!(l.not_honoured.is_empty(), "{:?}", l.not_honoured);
     }
 
     #[test]

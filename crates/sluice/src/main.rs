@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use sluice_gateway::{Gateway, GatewayOptions};
-use sluice_rules::RuleSet;
+use sluice_rules::{LoadOptions, RuleSet};
 use sluice_server::{ServeOptions, Server};
 
 use crate::args::{
@@ -63,6 +63,10 @@ enum Command {
         /// Redis store is not contacted: only its URL is read).
         #[arg(long)]
         store: Option<String>,
+        /// Several files of one domain add their descriptors to it, as `serve
+        /// --merge-domains` reads them.
+        #[arg(long)]
+        merge_domains: bool,
     },
 }
 
@@ -96,6 +100,10 @@ struct ServeArgs {
     /// given alone, with no other option.
     #[arg(long)]
     envoy_env: bool,
+    /// Several rule files of one domain add their descriptors to it (envoyproxy/ratelimit's
+    /// MERGE_DOMAIN_CONFIG); without it, a domain in a second file is an error.
+    #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
+    merge_domains: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -165,7 +173,11 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     match cli.command {
-        Command::Validate { paths, store } => validate(&paths, store.as_deref()),
+        Command::Validate {
+            paths,
+            store,
+            merge_domains,
+        } => validate(&paths, store.as_deref(), LoadOptions { merge_domains }),
         Command::Serve(args) => exit(serve(args)),
         Command::Proxy(args) => exit(proxy(args)),
         Command::Bench { target } => exit(bench_cmd::run(target)),
@@ -233,6 +245,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut options = ServeOptions::new(args.rules.config);
         options.connections = args.connections.limits(open_files);
         options.reload_debounce = args.rules.reload_debounce;
+        options.load.merge_domains = args.merge_domains;
         options.store_settings = args.store.settings();
         options.store = args.store.store;
         options.http_addr = args.http_addr;
@@ -277,7 +290,7 @@ fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     })
 }
 
-fn validate(paths: &[PathBuf], store: Option<&str>) -> ExitCode {
+fn validate(paths: &[PathBuf], store: Option<&str>, load: LoadOptions) -> ExitCode {
     let check = match store
         .map(sluice_limiter::store_url::supports_check_for)
         .transpose()
@@ -288,7 +301,7 @@ fn validate(paths: &[PathBuf], store: Option<&str>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let loaded = RuleSet::load_all(paths).and_then(|rules| {
+    let loaded = RuleSet::load_all_with(paths, load).and_then(|rules| {
         check.as_ref().map_or(Ok(()), |check| check(&rules))?;
         Ok(rules)
     });

@@ -2,6 +2,7 @@
 //! passes down, and each descriptor's key, value, flags, limits and children.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::Decoder;
 use super::limit::LimitEntry;
@@ -28,6 +29,9 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "shadow_mode",
     "detailed_metric",
     "share_threshold",
+    "value_to_metric",
+    "quota_mode",
+    "metadata",
     "action",
     "on_store_error",
 ];
@@ -80,12 +84,8 @@ impl Decoder {
             };
             let identity = (d.key.clone(), d.value.clone());
             if let Some(first_line) = seen.get(&identity) {
-                let what = match &d.value {
-                    ValueMatch::Any => format!("`{}` (no value)", d.key),
-                    v => format!("`{}: {v}`", d.key),
-                };
                 let kind = ErrorKind::DuplicateDescriptor {
-                    what,
+                    what: d.what(),
                     first_line: *first_line,
                 };
                 self.error(item, kind);
@@ -120,6 +120,12 @@ impl Decoder {
         let shadow_mode = flag(self, "shadow_mode");
         let detailed_metric = flag(self, "detailed_metric");
         let share_threshold = flag(self, "share_threshold");
+        let value_to_metric = flag(self, "value_to_metric");
+        let quota_mode = flag(self, "quota_mode");
+        let metadata = match fields.get("metadata") {
+            Some(n) if !n.is_null() => self.metadata(n).map(Arc::new),
+            _ => None,
+        };
         let mut here = inherited.clone();
         if let Some(n) = fields.get("action") {
             here.action = self.action(n).or(here.action);
@@ -192,6 +198,9 @@ impl Decoder {
             unlimited,
             detailed_metric,
             share_threshold,
+            value_to_metric,
+            quota_mode,
+            metadata,
             descriptors,
         })
     }

@@ -25,6 +25,7 @@ mod domain;
 mod fields;
 mod gateway;
 mod limit;
+mod metadata;
 mod outcome;
 mod utc_offset;
 mod value_match;

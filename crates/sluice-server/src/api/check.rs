@@ -13,7 +13,9 @@ use super::{ApiState, decide, status_of};
 
 /// `POST /v1/check`.
 pub(super) async fn check(State(state): State<ApiState>, body: Body) -> Result<Response, Problem> {
-    let (request, verdict) = decide(&state, body).await?;
+    let super::Decided {
+        request, verdict, ..
+    } = decide(&state, body).await?;
     let descriptors: Vec<Value> = (0..request.descriptors.len())
         .map(|i| {
             let limits: Vec<Value> = verdict

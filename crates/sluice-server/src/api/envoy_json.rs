@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 
 use super::{ApiState, decide};
 use crate::envoy::{Code, EnvoyUnit, to_response};
+use crate::metadata::{dynamic_metadata, struct_json};
 
 fn code_name(code: i32) -> &'static str {
     Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name())
@@ -55,6 +56,8 @@ struct JsonResponse<'a> {
     statuses: Vec<JsonStatus<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<JsonHeader<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dynamic_metadata: Option<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -72,9 +75,17 @@ pub(super) async fn envoy_json(
     State(state): State<ApiState>,
     body: Body,
 ) -> Result<Response, Problem> {
-    let (request, verdict) = decide(&state, body).await?;
+    let super::Decided {
+        request,
+        sent_cost,
+        verdict,
+    } = decide(&state, body).await?;
     let mut response = to_response(&verdict, request.descriptors.len());
     state.envoy.finish(&mut response);
+    if state.envoy.dynamic_metadata {
+        let sent = u32::try_from(sent_cost).unwrap_or(u32::MAX);
+        response.dynamic_metadata = Some(dynamic_metadata(sent, &request, &verdict));
+    }
     let statuses = response
         .statuses
         .iter()
@@ -105,6 +116,7 @@ pub(super) async fn envoy_json(
                 value: &h.value,
             })
             .collect(),
+        dynamic_metadata: response.dynamic_metadata.as_ref().map(struct_json),
     };
     // The HTTP status follows the answer's code, so a shadow-mode answer is a 200.
     let status = if response.overall_code == Code::OverLimit as i32 {

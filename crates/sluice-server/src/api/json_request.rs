@@ -91,7 +91,9 @@ fn parse_unit(v: &Value, field: String) -> Result<Unit, Problem> {
 }
 
 impl JsonRequest {
-    pub(super) fn into_limit_request(self) -> Result<LimitRequest, Problem> {
+    /// The request to decide, and the request-level cost as sent (0 when unset), which the
+    /// Envoy answer's dynamic metadata repeats.
+    pub(super) fn into_limit_request(self) -> Result<(LimitRequest, u64), Problem> {
         let mut descriptors = Vec::with_capacity(self.descriptors.len());
         for (i, d) in self.descriptors.into_iter().enumerate() {
             let limit_override = match d.limit {
@@ -121,10 +123,12 @@ impl JsonRequest {
                 Problem::bad_request("give `cost` or `hits_addend`, not both").with_field("cost"),
             );
         }
-        Ok(LimitRequest {
+        let sent = self.cost.or(self.hits_addend).unwrap_or(0);
+        let request = LimitRequest {
             domain: self.domain,
             descriptors,
-            cost: self.cost.or(self.hits_addend).unwrap_or(1).max(1),
-        })
+            cost: sent.max(1),
+        };
+        Ok((request, sent))
     }
 }

@@ -87,9 +87,17 @@ fn body_problem(e: &axum::Error) -> Problem {
     Problem::bad_request(format!("the body could not be read: {e}"))
 }
 
+/// A request as read and decided.
+struct Decided {
+    request: LimitRequest,
+    /// The request-level cost as sent, 0 when unset.
+    sent_cost: u64,
+    verdict: Verdict,
+}
+
 /// Reads a request body and decides it.
-async fn decide(state: &ApiState, body: Body) -> Result<(LimitRequest, Verdict), Problem> {
-    let request = read_json::<json_request::JsonRequest>(body)
+async fn decide(state: &ApiState, body: Body) -> Result<Decided, Problem> {
+    let (request, sent_cost) = read_json::<json_request::JsonRequest>(body)
         .await?
         .into_limit_request()?;
     let verdict = state
@@ -97,7 +105,11 @@ async fn decide(state: &ApiState, body: Body) -> Result<(LimitRequest, Verdict),
         .decide(&request)
         .await
         .map_err(|e| Problem::bad_request(e.to_string()))?;
-    Ok((request, verdict))
+    Ok(Decided {
+        request,
+        sent_cost,
+        verdict,
+    })
 }
 
 /// envoyproxy/ratelimit's health check: OK while the service serves, unless it must have rules
