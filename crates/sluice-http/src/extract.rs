@@ -78,6 +78,7 @@ fn build(
             entries,
             cost: None,
             limit_override: None,
+            envoy_hits: false,
         });
     }
     if descriptors.is_empty() {

@@ -83,6 +83,7 @@ impl std::fmt::Debug for Limiter {
 }
 
 /// A check ready for the store.
+#[derive(Clone)]
 struct Planned {
     descriptor: usize,
     key: String,
@@ -213,12 +214,34 @@ impl Limiter {
             }
         }
 
+        // Envoy's per-descriptor hits_addend on Envoy-style limits is counted as Envoy counts
+        // it, first and on its own (`check_envoy_hits`); when it goes over, the request is
+        // refused and the other enforced limits are only looked at.
+        let mut hits: Vec<(usize, (Decision, bool))> = Vec::new();
+        for (i, p) in planned.iter().enumerate() {
+            if p.mode.enforces()
+                && request.descriptors[p.descriptor].envoy_hits
+                && over_policy(&p.policy).is_some()
+            {
+                hits.push((i, self.check_envoy_hits(p).await));
+            }
+        }
+        let hits_over = hits.iter().any(|(_, (d, _))| !d.allowed);
+
         // Enforced limits are all-or-nothing together; shadow and soft limits count on their
         // own, so that one of them refusing never stops a passing request from being counted.
-        let (enforced, observed): (Vec<usize>, Vec<usize>) =
-            (0..planned.len()).partition(|&i| planned[i].mode.enforces());
+        let (enforced, observed): (Vec<usize>, Vec<usize>) = (0..planned.len())
+            .filter(|i| !hits.iter().any(|(h, _)| h == i))
+            .partition(|&i| planned[i].mode.enforces());
         let quota = planned.iter().any(|p| p.quota);
-        let (a, b) = if observed.is_empty() {
+        let (a, b) = if hits_over {
+            let (decisions, failed) = self.check_group(&planned, &enforced, true).await;
+            let a = Enforced {
+                allowed: false,
+                decisions: decisions.into_iter().map(|d| (d, failed)).collect(),
+            };
+            (a, self.check_group(&planned, &observed, false).await)
+        } else if observed.is_empty() {
             (
                 self.check_enforced(&planned, &enforced, quota).await,
                 (Vec::new(), false),
@@ -226,17 +249,24 @@ impl Limiter {
         } else {
             tokio::join!(
                 self.check_enforced(&planned, &enforced, quota),
-                self.check_group(&planned, &observed)
+                self.check_group(&planned, &observed, false)
             )
         };
         // Under the service-wide quota mode every limit is a quota limit, and a descriptor no
         // rule matched counts as a quota descriptor that passed, as Envoy counts it.
-        let allowed = a.allowed
-            || (global_quota
-                && any_quota_passes(&planned, &a, request.descriptors.len(), &matches.unlimited));
+        let allowed = !hits_over
+            && (a.allowed
+                || (global_quota
+                    && any_quota_passes(
+                        &planned,
+                        &a,
+                        request.descriptors.len(),
+                        &matches.unlimited,
+                    )));
         // Each planned check's decision, and whether it came from the fallback. With no shadow
-        // or soft limit (the usual case), the enforced group is every check, in order.
-        let results: Vec<Option<(Decision, bool)>> = if observed.is_empty() {
+        // or soft limit and no Envoy hits (the usual case), the enforced group is every check,
+        // in order.
+        let results: Vec<Option<(Decision, bool)>> = if observed.is_empty() && hits.is_empty() {
             a.decisions.into_iter().map(Some).collect::<Vec<_>>()
         } else {
             let mut results = vec![None; planned.len()];
@@ -245,6 +275,9 @@ impl Limiter {
             }
             for (i, d) in observed.iter().zip(b.0) {
                 results[*i] = Some((d, b.1));
+            }
+            for (i, d) in hits {
+                results[i] = Some(d);
             }
             results
         };
@@ -336,7 +369,7 @@ impl Limiter {
     /// every other limit, as long as one quota descriptor admits it. A refused quota
     /// descriptor's decisions are from the round that refused it, which consumed nothing.
     async fn check_enforced(&self, planned: &[Planned], which: &[usize], quota: bool) -> Enforced {
-        let (decisions, failed) = self.check_group(planned, which).await;
+        let (decisions, failed) = self.check_group(planned, which, false).await;
         let mut out = Enforced {
             allowed: decisions.iter().all(|d| d.allowed),
             decisions: decisions.into_iter().map(|d| (d, failed)).collect(),
@@ -364,7 +397,7 @@ impl Limiter {
                 return out;
             }
             let again: Vec<usize> = active.iter().map(|k| which[*k]).collect();
-            let (decisions, failed) = self.check_group(planned, &again).await;
+            let (decisions, failed) = self.check_group(planned, &again, false).await;
             out.allowed = decisions.iter().all(|d| d.allowed);
             for (k, d) in active.iter().zip(decisions) {
                 out.decisions[*k] = (d, failed);
@@ -375,15 +408,89 @@ impl Limiter {
         }
     }
 
+    /// Envoy's per-descriptor `hits_addend` on an Envoy-style limit `p`, counted as
+    /// envoyproxy/ratelimit counts it. The counter holds at most its limit; what a report adds
+    /// beyond it goes to a second counter of the same window (the key with `:over`), so the
+    /// count is the two together:
+    /// - a cost of 0 is over the limit only when the count is above it (at exactly the limit it
+    ///   passes, as in Envoy);
+    /// - a cost that fits is counted like any other; one that does not is counted anyway: what
+    ///   fits fills the limit and the rest goes over it, in one atomic call (taken again if a
+    ///   concurrent request took the room meanwhile), and the answer is `OVER_LIMIT`.
+    async fn check_envoy_hits(&self, p: &Planned) -> (Decision, bool) {
+        let Some(over) = over_policy(&p.policy) else {
+            return self.check_one(p).await;
+        };
+        let over = Planned {
+            key: format!("{}:over", p.key),
+            policy: Arc::new(over),
+            cost: 0,
+            ..p.clone()
+        };
+        if p.cost == 0 {
+            let (ds, failed) = self.check_group(&[p.clone(), over], &[0, 1], false).await;
+            let (mut d, beyond) = (ds[0], OVER_CAPACITY.saturating_sub(ds[1].remaining));
+            if !failed {
+                d.allowed = beyond == 0;
+            }
+            if d.allowed {
+                d.retry_after = Duration::ZERO;
+            }
+            return (d, failed);
+        }
+        let (first, failed) = self.check_one(p).await;
+        if first.allowed || failed {
+            return (first, failed);
+        }
+        let mut room = first.remaining;
+        for _ in 0..MAX_REPORT_ROUNDS {
+            let fits = room.min(p.cost);
+            let pair = [
+                Planned {
+                    cost: fits,
+                    ..p.clone()
+                },
+                Planned {
+                    cost: p.cost - fits,
+                    ..over.clone()
+                },
+            ];
+            let which: &[usize] = if fits > 0 { &[0, 1] } else { &[1] };
+            let (ds, failed) = self.check_group(&pair, which, false).await;
+            if failed || ds.iter().all(|d| d.allowed) {
+                let mut d = first;
+                d.remaining = 0;
+                return (d, failed);
+            }
+            room = ds[0].remaining;
+        }
+        (first, false)
+    }
+
+    /// One planned check on its own.
+    async fn check_one(&self, p: &Planned) -> (Decision, bool) {
+        let (ds, failed) = self.check_group(std::slice::from_ref(p), &[0], false).await;
+        (ds[0], failed)
+    }
+
     /// Checks the planned checks at `which` atomically; returns their decisions, and whether
-    /// they came from the fallback because the store failed.
-    async fn check_group(&self, planned: &[Planned], which: &[usize]) -> (Vec<Decision>, bool) {
+    /// they came from the fallback because the store failed. `peek` looks without consuming:
+    /// every cost is taken as 0.
+    async fn check_group(
+        &self,
+        planned: &[Planned],
+        which: &[usize],
+        peek: bool,
+    ) -> (Vec<Decision>, bool) {
         if which.is_empty() {
             return (Vec::new(), false);
         }
         let checks: Vec<Check<'_>> = which
             .iter()
-            .map(|&i| Check::new(&planned[i].key, &planned[i].policy, planned[i].cost))
+            .map(|&i| {
+                let cost = if peek { 0 } else { planned[i].cost };
+                Check::new(&planned[i].key, &planned[i].policy, cost)
+            })
             .collect();
         match self.store.check(&checks).await {
             Ok(decisions) => (decisions, false),
@@ -408,6 +515,28 @@ impl Limiter {
                 (decisions, true)
             }
         }
+    }
+}
+
+/// The capacity of the counter that holds what Envoy-counted usage adds beyond a limit: far
+/// beyond any real count, and exact in every store (a double holds it).
+const OVER_CAPACITY: u64 = 1 << 40;
+
+/// How many times a report that did not fit is tried again when concurrent requests keep
+/// taking the room it would fill.
+const MAX_REPORT_ROUNDS: usize = 8;
+
+/// The policy of the counter beside an Envoy-style limit (a fixed window aligned on the clock,
+/// as every limit of Envoy's format is) that holds the usage reported beyond it: the same
+/// windows, [`OVER_CAPACITY`] wide. `None` for other policies, which count Sluice's way.
+fn over_policy(policy: &Policy) -> Option<Policy> {
+    match policy {
+        Policy::FixedWindow(p) if matches!(p.alignment(), Alignment::Clock { .. }) => {
+            FixedWindow::new(OVER_CAPACITY, p.window(), p.alignment())
+                .ok()
+                .map(Policy::from)
+        }
+        _ => None,
     }
 }
 

@@ -16,6 +16,12 @@ pub struct RequestDescriptor {
     /// A limit sent with the request, replacing whatever the rules say for this descriptor
     /// (Envoy's `RateLimitOverride`).
     pub limit_override: Option<LimitOverride>,
+    /// `cost` is Envoy's per-descriptor `hits_addend`, counted on Envoy-style limits (fixed
+    /// windows aligned on the clock) as envoyproxy/ratelimit counts it: usage that is always
+    /// added, past the limit if it must be, and a 0 that is over the limit only once the count
+    /// is above it. This is how Envoy's token quotas work: check with 0 before the request,
+    /// then report what it used.
+    pub envoy_hits: bool,
 }
 
 /// A per-request limit (Envoy's `RateLimitOverride`).
@@ -39,6 +45,7 @@ impl RequestDescriptor {
                 .collect(),
             cost: None,
             limit_override: None,
+            envoy_hits: false,
         }
     }
 }

@@ -61,6 +61,7 @@ pub fn to_limit_request(req: RateLimitRequest) -> Result<LimitRequest, String> {
         };
         descriptors.push(RequestDescriptor {
             entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+            envoy_hits: d.hits_addend.is_some(),
             cost: d.hits_addend.map(|h| h.value),
             limit_override,
         });

@@ -51,6 +51,8 @@ descriptors:
     descriptors:
       - key: path
         rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 100}
   - key: tenant
     detailed_metric: true
     rate_limit: {unit: minute, requests_per_unit: 10}
@@ -976,4 +978,81 @@ async fn value_to_metric_and_detailed_metric_put_request_values_in_the_label() {
             format!(r#"sluice_decisions_total{{domain="shop",rule="{rule}",outcome="allowed"}} 1"#);
         assert!(text.contains(&series), "{series} in {text}");
     }
+}
+
+#[tokio::test]
+async fn envoys_token_quota_flow_checks_with_0_and_reports_usage_past_the_limit() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    // One descriptor with its own hits_addend, as Envoy sends a token quota.
+    let hits = |n: u64, user: &str| {
+        let mut d = descriptor(&[("tokens", user)]);
+        d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: n });
+        request(vec![d])
+    };
+    let mut seen = Vec::new();
+    for n in [0, 60, 40, 0, 1, 0] {
+        let r = client
+            .should_rate_limit(hits(n, "u"))
+            .await
+            .unwrap()
+            .into_inner();
+        seen.push((n, r.statuses[0].code, r.statuses[0].limit_remaining));
+    }
+    assert_eq!(
+        seen,
+        [
+            (0, ok, 100),
+            (60, ok, 40),
+            (40, ok, 0),
+            // Exactly at the limit a check passes, as count + 0 > limit is false.
+            (0, ok, 0),
+            // Usage past the limit is counted, and from then on a check is over.
+            (1, over, 0),
+            (0, over, 0),
+        ]
+    );
+    // An ordinary request on the same counter is refused too.
+    let plain = request(vec![descriptor(&[("tokens", "u")])]);
+    let r = client.should_rate_limit(plain).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, over);
+
+    // A report larger than the whole limit, in a fresh window, over /json: counted, and over.
+    h.clock.advance(Duration::from_secs(60));
+    let body = |n: u64| {
+        json!({"domain": "shop", "descriptors": [
+        {"entries": [{"key": "tokens", "value": "u"}], "hits_addend": n}]})
+    };
+    let (status, j, _) = h.post("/json", &body(0)).await;
+    assert_eq!(
+        (status, j["statuses"][0]["limitRemaining"].clone()),
+        (200, json!(100))
+    );
+    let (status, _, _) = h.post("/json", &body(150)).await;
+    assert_eq!(status, 429);
+    let (status, j, _) = h.post("/json", &body(0)).await;
+    assert_eq!(
+        (status, j["overallCode"].clone()),
+        (429, json!("OVER_LIMIT"))
+    );
+
+    // A report that goes over refuses its request, and the request's other limits consume
+    // nothing; a request-level hits_addend keeps the rule that a refused request consumes
+    // nothing.
+    let mut mixed = hits(1, "u");
+    mixed.descriptors.push(descriptor(&[("client", "m")]));
+    let r = client.should_rate_limit(mixed).await.unwrap().into_inner();
+    assert_eq!(codes(&r), [over, over, ok]);
+    assert_eq!(r.statuses[1].limit_remaining, 3, "not consumed: {r:?}");
+    let mut whole = request(vec![descriptor(&[("tokens", "w")])]);
+    whole.hits_addend = 150;
+    let r = client.should_rate_limit(whole).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, over);
+    let r = client
+        .should_rate_limit(hits(0, "w"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (ok, 100));
 }

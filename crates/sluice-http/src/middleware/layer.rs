@@ -186,6 +186,7 @@ impl SharedLimitLayer {
                 entries: vec![(POLICY_KEY.to_owned(), key(parts, ip)?)],
                 cost: None,
                 limit_override: None,
+                envoy_hits: false,
             };
             Some(Extracted {
                 request: LimitRequest {

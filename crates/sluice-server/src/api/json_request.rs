@@ -114,6 +114,7 @@ impl JsonRequest {
             }
             descriptors.push(RequestDescriptor {
                 entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                envoy_hits: d.hits_addend.is_some(),
                 cost: d.cost.or(d.hits_addend),
                 limit_override,
             });
