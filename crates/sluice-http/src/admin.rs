@@ -261,8 +261,7 @@ async fn reset_key(
     authorize(&state, peer, &headers)?;
     let existed = state
         .limiter
-        .store()
-        .reset(&counter)
+        .reset_counter(&counter)
         .await
         .map_err(|e| Problem::new(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")))?;
     tracing::info!(counter, existed, "counter reset by admin");

@@ -176,6 +176,14 @@ impl Limiter {
         &self.metrics
     }
 
+    /// Resets the counter `key`, with the usage Envoy-counted reports put past its limit (see
+    /// [`RequestDescriptor::envoy_hits`]). Whether there was anything to reset.
+    pub async fn reset_counter(&self, key: &str) -> Result<bool, sluice_core::StoreError> {
+        let counted = self.store.reset(key).await?;
+        let beyond = self.store.reset(&over_key(key)).await?;
+        Ok(counted || beyond)
+    }
+
     /// Decides a request. Invalid requests are refused before anything is counted.
     pub async fn decide(&self, request: &LimitRequest) -> Result<Verdict, InvalidRequest> {
         request.validate()?;
@@ -422,7 +430,7 @@ impl Limiter {
             return self.check_one(p).await;
         };
         let over = Planned {
-            key: format!("{}:over", p.key),
+            key: over_key(&p.key),
             policy: Arc::new(over),
             cost: 0,
             ..p.clone()
@@ -525,6 +533,12 @@ const OVER_CAPACITY: u64 = 1 << 40;
 /// How many times a report that did not fit is tried again when concurrent requests keep
 /// taking the room it would fill.
 const MAX_REPORT_ROUNDS: usize = 8;
+
+/// The key of the counter that holds what Envoy-counted usage adds beyond the limit of `key`:
+/// in the same Cluster slot, as the hash tag is kept.
+fn over_key(key: &str) -> String {
+    format!("{key}:over")
+}
 
 /// The policy of the counter beside an Envoy-style limit (a fixed window aligned on the clock,
 /// as every limit of Envoy's format is) that holds the usage reported beyond it: the same

@@ -1036,6 +1036,20 @@ async fn envoys_token_quota_flow_checks_with_0_and_reports_usage_past_the_limit(
         (status, j["overallCode"].clone()),
         (429, json!("OVER_LIMIT"))
     );
+    // An admin reset clears the usage past the limit with the counter.
+    let check = json!({"domain": "shop", "cost": 0, "descriptors": [{"entries": [{"key": "tokens", "value": "u"}]}]});
+    let (_, c, _) = h.post("/v1/check", &check).await;
+    let key = c["descriptors"][0]["limits"][0]["key"].as_str().unwrap();
+    let encoded: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+    let url = h.url(&format!("/v1/keys/{encoded}"));
+    let reset = h.http.delete(url).send().await.unwrap();
+    assert_eq!(reset.status().as_u16(), 200);
+    let (status, j, _) = h.post("/json", &body(0)).await;
+    assert_eq!(
+        (status, j["statuses"][0]["limitRemaining"].clone()),
+        (200, json!(100))
+    );
+    h.post("/json", &body(150)).await;
 
     // A report that goes over refuses its request, and the request's other limits consume
     // nothing; a request-level hits_addend keeps the rule that a refused request consumes
