@@ -32,6 +32,38 @@ fn validate_names_the_location_and_fails() {
 }
 
 #[test]
+fn validate_merges_the_files_of_one_domain_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, key) in [("a.yaml", "one"), ("b.yaml", "two")] {
+        let text = format!(
+            "domain: d\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        );
+        std::fs::write(dir.path().join(file), text).unwrap();
+    }
+    let out = sluice().arg("validate").arg(dir.path()).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("b.yaml:1:9: domain `d` is already defined"),
+        "{stderr}"
+    );
+    let out = sluice()
+        .args(["validate", "--merge-domains"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ok: 1 domain(s): d"
+    );
+}
+
+#[test]
 fn serve_exits_non_zero_on_invalid_rules() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rules.yaml");
