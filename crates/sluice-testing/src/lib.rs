@@ -22,6 +22,7 @@ use sluice_limiter::{Limiter, Metrics};
 use sluice_rules::Reloader;
 
 pub mod process;
+pub mod tls;
 
 /// `rules` (YAML text) written to `name` in a new temp dir, which must outlive its use.
 pub fn rules_file(name: &str, rules: &str) -> (std::path::PathBuf, tempfile::TempDir) {

@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice_testing::process::{Spawned, free_addr, spawn_command_listening};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::transport::Channel;
 
 const RULES: &str = "domain: rl
 descriptors:
@@ -228,39 +228,12 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
     assert!(stderr.contains("REDIS_POOL_SIZE"), "{stderr}");
 }
 
-/// A CA, and a certificate for `name` that it signs: (CA PEM, certificate PEM, key PEM).
-fn signed(ca: &(rcgen::CertificateParams, rcgen::KeyPair), name: &str) -> (String, String) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
-    let issuer = rcgen::Issuer::from_params(&ca.0, &ca.1);
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
-fn certificate_authority() -> (rcgen::CertificateParams, rcgen::KeyPair, String) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let pem = params.self_signed(&key).unwrap().pem();
-    (params, key, pem)
-}
-
 async fn tls_client(
     grpc: &str,
     ca_pem: &str,
     identity: Option<&(String, String)>,
 ) -> Result<RateLimitServiceClient<Channel>, tonic::transport::Error> {
-    let mut tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(ca_pem))
-        .domain_name("localhost");
-    if let Some((cert, key)) = identity {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    let channel = Channel::from_shared(format!("https://{grpc}"))
-        .unwrap()
-        .tls_config(tls)?
-        .connect()
-        .await?;
+    let channel = sluice_testing::tls::channel(grpc, ca_pem, "localhost", identity).await?;
     Ok(RateLimitServiceClient::new(channel))
 }
 
@@ -268,10 +241,10 @@ async fn tls_client(
 async fn serve_envoy_env_speaks_mutual_tls_and_the_global_shadow_mode() {
     let root = runtime_root();
     let dir = tempfile::tempdir().unwrap();
-    let (ca_params, ca_key, ca_pem) = certificate_authority();
-    let ca = (ca_params, ca_key);
-    let server = signed(&ca, "localhost");
-    let client = signed(&ca, "envoy");
+    let ca = sluice_testing::tls::Authority::new();
+    let ca_pem = ca.pem.clone();
+    let server = ca.sign("localhost");
+    let client = ca.sign("envoy");
     let write = |name: &str, text: &str| {
         let path = dir.path().join(name);
         std::fs::write(&path, text).unwrap();

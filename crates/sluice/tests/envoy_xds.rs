@@ -129,11 +129,22 @@ async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>, do
 
 /// An xDS server on loopback handing its streams to the test.
 async fn xds_server() -> (std::net::SocketAddr, mpsc::UnboundedReceiver<Stream>) {
+    xds_server_with(None).await
+}
+
+/// [`xds_server`], over `tls` when given.
+async fn xds_server_with(
+    tls: Option<tonic::transport::ServerTlsConfig>,
+) -> (std::net::SocketAddr, mpsc::UnboundedReceiver<Stream>) {
     let (streams_tx, streams) = mpsc::unbounded_channel();
     let xds = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let xds_addr = xds.local_addr().unwrap();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).unwrap();
+    }
     tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .add_service(AggregatedDiscoveryServiceServer::new(Server {
                 streams: streams_tx,
             }))
@@ -309,4 +320,89 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
     );
     assert_eq!(code(&mut client, "other").await, Code::Ok as i32);
     assert_eq!(code(&mut client, "other").await, Code::OverLimit as i32);
+}
+
+/// Envoy Gateway's contract whole: the binary as `ratelimit` takes its rules from an xDS server
+/// over mutual TLS (checking the server's name), serves gRPC with mutual TLS, and answers
+/// `/healthcheck` once the rules are in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateways_contract_xds_and_grpc_over_mutual_tls() {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let ca = sluice_testing::tls::Authority::new();
+    let (xds_cert, xds_key) = ca.sign("envoy-gateway");
+    let to_xds = ca.sign("envoy-ratelimit");
+    let served = ca.sign("localhost");
+    let envoy = ca.sign("envoy");
+    let certs = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = certs.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let ca_file = write("ca.pem", &ca.pem);
+    let files = [
+        write("xds-client.pem", &to_xds.0),
+        write("xds-client.key", &to_xds.1),
+        write("server.pem", &served.0),
+        write("server.key", &served.1),
+    ];
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&xds_cert, &xds_key))
+        .client_ca_root(Certificate::from_pem(&ca.pem));
+    let (xds_addr, mut streams) = xds_server_with(Some(tls)).await;
+    let (_dir, command, http, grpc) = ratelimit(
+        xds_addr,
+        &[
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &ca_file),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &files[0]),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &files[1]),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", &files[2]),
+            ("GRPC_SERVER_TLS_KEY", &files[3]),
+            ("GRPC_CLIENT_TLS_CACERT", &ca_file),
+        ],
+    );
+    let mut command = command;
+    let _process = sluice_testing::process::Spawned(command.spawn().unwrap());
+
+    // The subscription arrives over mutual TLS: the server asked for a client certificate.
+    let (mut requests, responses) = next("stream over TLS", streams.recv()).await;
+    assert_eq!(request_of(&mut requests).await.type_url, TYPE);
+    let rules = vec![config("eg", RateLimitUnit::Minute, 1)];
+    responses
+        .send(Ok(response("1", "n1", rules)))
+        .await
+        .unwrap();
+    assert_eq!(request_of(&mut requests).await.version_info, "1");
+
+    let deadline = std::time::Instant::now() + STEP;
+    let mut client = loop {
+        let connected = sluice_testing::tls::channel(&grpc, &ca.pem, "localhost", Some(&envoy));
+        if let Ok(channel) = connected.await {
+            break RateLimitServiceClient::new(channel);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gRPC over TLS never served"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(code(&mut client, "eg").await, Code::Ok as i32);
+    assert_eq!(code(&mut client, "eg").await, Code::OverLimit as i32);
+    assert_eq!(health(&http).await, 200);
+
+    // Envoy without a client certificate is refused in the handshake.
+    let refused = match sluice_testing::tls::channel(&grpc, &ca.pem, "localhost", None).await {
+        Err(_) => true,
+        Ok(channel) => RateLimitServiceClient::new(channel)
+            .should_rate_limit(RateLimitRequest {
+                domain: "eg".into(),
+                ..Default::default()
+            })
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a client without a certificate was answered");
 }
