@@ -224,6 +224,15 @@ pub enum ErrorKind {
         /// The text as written.
         value: String,
     },
+    /// `share_threshold` on a descriptor whose value has no wildcard, as Envoy refuses it.
+    #[error(
+        "`share_threshold` shares one counter among the values a wildcard matches, but this \
+             descriptor's value {value} has no `*`; remove it, or use a wildcard value"
+    )]
+    ShareWithoutWildcard {
+        /// The descriptor's value, quoted, or "is absent".
+        value: String,
+    },
     /// Two fields that exclude each other.
     #[error("`{first}` and `{second}` cannot both be set; {hint}")]
     Conflict {

@@ -445,6 +445,12 @@ fn metadata_that_is_not_a_mapping_is_refused_where_it_is() {
             "m.yaml:4:17",
             "quota_mode",
         ),
+        // As Envoy refuses it: share_threshold only means something on a wildcard.
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n",
+            "m.yaml:5:22",
+            "has no `*`",
+        ),
     ] {
         let e = RuleSet::parse("m.yaml", text).unwrap_err().to_string();
         assert!(e.starts_with(at) && e.contains(says), "{e}");

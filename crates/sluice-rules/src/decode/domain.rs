@@ -120,6 +120,14 @@ impl Decoder {
         let shadow_mode = flag(self, "shadow_mode");
         let detailed_metric = flag(self, "detailed_metric");
         let share_threshold = flag(self, "share_threshold");
+        if let (true, Some(ValueMatch::Any | ValueMatch::Exact(_))) = (share_threshold, &value) {
+            let shown = match &value {
+                Some(ValueMatch::Exact(v)) => format!("`{v}`"),
+                _ => "(none)".to_owned(),
+            };
+            let at = fields.get("share_threshold").unwrap_or(node);
+            self.error(at, ErrorKind::ShareWithoutWildcard { value: shown });
+        }
         let value_to_metric = flag(self, "value_to_metric");
         let quota_mode = flag(self, "quota_mode");
         let metadata = match fields.get("metadata") {
