@@ -8,6 +8,7 @@
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::Duration;
 
 use super::wait::wait_until;
 
@@ -15,8 +16,8 @@ use super::wait::wait_until;
 pub struct RedisServer {
     /// The port it speaks plain RESP on, on 127.0.0.1.
     pub port: u16,
-    /// The Cluster bus port, for Cluster nodes.
-    bus_port: Option<u16>,
+    /// For a Cluster node: its bus port and node timeout.
+    cluster: Option<ClusterNode>,
     /// For a Sentinel: the port of the master it watches (as `mymaster`).
     sentinel_of: Option<u16>,
     /// For a replica: the port of its master.
@@ -26,6 +27,16 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     watchdog: Option<(Child, ChildStdin)>,
+}
+
+/// What a Cluster node needs beyond a standalone server.
+#[derive(Debug, Clone, Copy)]
+struct ClusterNode {
+    /// The port the nodes talk to each other on.
+    bus_port: u16,
+    /// How long a peer may stay silent before this node flags it as failing: a replica takes
+    /// over from a dead master about twice this after it dies.
+    node_timeout: Duration,
 }
 
 /// A port nobody listens on right now.
@@ -39,15 +50,23 @@ fn free_port() -> u16 {
 impl RedisServer {
     /// A standalone server.
     pub fn start() -> Self {
-        Self::start_node(false)
+        Self::start_node(None)
+    }
+
+    /// A Cluster node not yet in a Cluster, flagging a peer silent for `node_timeout` as failing.
+    pub(super) fn start_cluster_node(node_timeout: Duration) -> Self {
+        Self::start_node(Some(ClusterNode {
+            bus_port: free_port(),
+            node_timeout,
+        }))
     }
 
     /// A standalone server, or with `cluster` a Cluster node not yet in a Cluster.
-    pub(super) fn start_node(cluster: bool) -> Self {
+    fn start_node(cluster: Option<ClusterNode>) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut server = RedisServer {
             port: free_port(),
-            bus_port: cluster.then(free_port),
+            cluster,
             sentinel_of: None,
             tls_port: None,
             dir,
@@ -121,7 +140,7 @@ impl RedisServer {
         ]);
         let mut server = RedisServer {
             port: free_port(),
-            bus_port: None,
+            cluster: None,
             sentinel_of: None,
             tls_port: Some(free_port()),
             replica_of: None,
@@ -137,7 +156,7 @@ impl RedisServer {
     pub fn start_replica(master: &RedisServer) -> Self {
         let mut server = RedisServer {
             port: free_port(),
-            bus_port: None,
+            cluster: None,
             sentinel_of: None,
             tls_port: None,
             replica_of: Some(master.port),
@@ -158,7 +177,7 @@ impl RedisServer {
     pub fn start_sentinel(master: &RedisServer) -> Self {
         let mut server = RedisServer {
             port: free_port(),
-            bus_port: None,
+            cluster: None,
             sentinel_of: Some(master.port),
             tls_port: None,
             replica_of: None,
@@ -213,12 +232,13 @@ impl RedisServer {
                 .arg(file("ca.crt"))
                 .args(["--tls-auth-clients", "no"]);
         }
-        if let Some(bus) = self.bus_port {
-            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
+        if let Some(node) = self.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout"])
+                .arg(node.node_timeout.as_millis().to_string())
                 .arg("--cluster-config-file")
                 .arg(self.dir.path().join("nodes.conf"))
                 .arg("--cluster-port")
-                .arg(bus.to_string());
+                .arg(node.bus_port.to_string());
         }
         let child = cmd
             .stdout(Stdio::null())
