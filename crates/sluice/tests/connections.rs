@@ -1,14 +1,17 @@
 //! Stopping, slow clients and too many connections, with real processes: SIGTERM ends `serve`
 //! and `proxy` within the shutdown deadline whatever the clients hold open, a client that
-//! trickles its request head is disconnected while others are served, and one address cannot
-//! hold more connections than its share.
+//! trickles its request head is disconnected while others are served, one address cannot
+//! hold more connections than its share, 5,000 idle connections leave `serve` and `proxy`
+//! answering, and running out of file descriptors pauses accepting, logged once in a while,
+//! until connections close.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Command, ExitStatus};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice_testing::process::{Spawned, free_addr, spawn_listening};
+use sluice_testing::process::{Spawned, free_addr, spawn_command_listening, spawn_listening};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const RULES: &str = "domain: d
 descriptors:
@@ -30,18 +33,48 @@ fn rules() -> (tempfile::TempDir, String) {
 /// `sluice serve` on `rules` with `extra` flags; returns it with its HTTP and gRPC addresses.
 fn serve(rules: &str, extra: &[&str]) -> (Spawned, String, String) {
     let (http, grpc) = (free_addr(), free_addr());
+    let process = spawn_listening(
+        env!("CARGO_BIN_EXE_sluice"),
+        &serve_args(rules, &http, &grpc, extra),
+        &http,
+    );
+    (process, http, grpc)
+}
+
+/// `sluice proxy` on `rules` in front of `upstream` with `extra` flags; returns it with its
+/// proxy and admin addresses.
+fn proxy(rules: &str, upstream: &str, extra: &[&str]) -> (Spawned, String, String) {
+    let (listen, admin) = (free_addr(), free_addr());
+    let mut args = vec![
+        "proxy",
+        "--config",
+        rules,
+        "--listen",
+        &listen,
+        "--admin-addr",
+        &admin,
+        "--upstream",
+        upstream,
+    ];
+    args.extend_from_slice(extra);
+    // The admin listener binds after the proxy's: once it answers, both do.
+    let process = spawn_listening(env!("CARGO_BIN_EXE_sluice"), &args, &admin);
+    (process, listen, admin)
+}
+
+/// The arguments of `sluice serve` on `rules`, listening on `http` and `grpc`, with `extra`.
+fn serve_args<'a>(rules: &'a str, http: &'a str, grpc: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "serve",
         "--config",
         rules,
         "--http-addr",
-        &http,
+        http,
         "--grpc-addr",
-        &grpc,
+        grpc,
     ];
     args.extend_from_slice(extra);
-    let process = spawn_listening(env!("CARGO_BIN_EXE_sluice"), &args, &http);
-    (process, http, grpc)
+    args
 }
 
 /// Sends SIGTERM and waits, at most 20 s, for the process to exit.
@@ -101,26 +134,10 @@ fn serve_exits_zero_after_the_deadline_whatever_clients_hold_open() {
 #[test]
 fn proxy_exits_zero_after_the_deadline_whatever_clients_hold_open() {
     let (_dir, rules) = rules();
-    let (listen, admin) = (free_addr(), free_addr());
-    let mut proxy = spawn_listening(
-        env!("CARGO_BIN_EXE_sluice"),
-        &[
-            "proxy",
-            "--config",
-            &rules,
-            "--listen",
-            &listen,
-            "--admin-addr",
-            &admin,
-            "--upstream",
-            "http://127.0.0.1:9",
-            "--shutdown-timeout",
-            "1s",
-            "--header-timeout",
-            "1h",
-        ],
-        // The admin listener binds after the proxy's: once it answers, both do.
-        &admin,
+    let (mut proxy, listen, admin) = proxy(
+        &rules,
+        "http://127.0.0.1:9",
+        &["--shutdown-timeout", "1s", "--header-timeout", "1h"],
     );
     let _held = [
         half_sent_request(&listen),
@@ -194,4 +211,323 @@ fn one_address_cannot_hold_more_than_its_share_of_connections() {
         }
         assert!(Instant::now() < deadline, "the freed place never came back");
     }
+}
+
+/// How many idle connections the crowd tests hold.
+const CROWD: usize = 5_000;
+/// How many of them come from one source address: under `--max-connections-per-ip`'s default
+/// of 1,024, which is kept, so the crowd comes from 127.0.0.2 to 127.0.0.6.
+const PER_SOURCE: usize = 1_000;
+
+/// Raises this process's open-files limit to its hard limit, and checks that the crowd fits in
+/// it: this process holds the crowd (two at once when the `serve` and `proxy` tests overlap),
+/// and a `sluice` process, which raises its own limit to the same hard limit, fits its
+/// connection cap to (limit - 256) / 3.
+fn room_for_the_crowd() {
+    let soft = rlimit::increase_nofile_limit(u64::MAX).expect("the open-files limit");
+    let needed = (3 * CROWD + 256) as u64;
+    assert!(
+        soft >= needed,
+        "the crowd tests need an open-files hard limit of at least {needed}; it is {soft} \
+         (raise it with ulimit -Hn or LimitNOFILE)"
+    );
+}
+
+/// `CROWD` connections to `addr` that send nothing, `PER_SOURCE` from each source address.
+async fn crowd(addr: &str) -> Vec<tokio::net::TcpStream> {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let mut held = Vec::with_capacity(CROWD);
+    for i in 0..CROWD {
+        let last = u8::try_from(2 + i / PER_SOURCE).unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::from((Ipv4Addr::new(127, 0, 0, last), 0)))
+            .unwrap();
+        held.push(socket.connect(addr).await.unwrap());
+    }
+    held
+}
+
+/// How many sockets process `pid` has open.
+fn sockets_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+/// Polls `done` until it holds, failing with `what` once `within` has passed.
+fn poll_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits, at most 20 s, until process `pid` holds `at_least` sockets: the crowd accepted and
+/// kept, not waiting in the backlog nor closed for being over a cap.
+fn wait_for_sockets(pid: u32, at_least: usize) {
+    let what = format!("the server holds {at_least} sockets");
+    poll_until(&what, Duration::from_secs(20), || {
+        sockets_of(pid) >= at_least
+    });
+}
+
+/// Sends `GET path` with `Connection: close` on each held connection, and checks that every one
+/// is answered 200 with `body`.
+async fn every_one_answered(held: Vec<tokio::net::TcpStream>, path: &'static str, body: &str) {
+    let tasks: Vec<_> = held
+        .into_iter()
+        .map(|mut s| {
+            tokio::spawn(async move {
+                let request =
+                    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                s.write_all(request.as_bytes()).await.unwrap();
+                let mut answer = String::new();
+                s.read_to_string(&mut answer).await.unwrap();
+                answer
+            })
+        })
+        .collect();
+    for t in tasks {
+        let answer = tokio::time::timeout(Duration::from_secs(20), t)
+            .await
+            .expect("answered within 20 s")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with(body), "{answer}");
+    }
+}
+
+/// Statuses of 20 requests for one counter (5 a minute), each on a new connection from
+/// 127.0.0.1, in order.
+async fn twenty_requests(request: impl Fn() -> reqwest::RequestBuilder) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        statuses.push(request().send().await.unwrap().status().as_u16());
+    }
+    statuses
+}
+
+fn five_admitted_then_refused() -> Vec<u16> {
+    let mut expected = vec![200; 5];
+    expected.resize(20, 429);
+    expected
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_while_5000_idle_connections_are_held() {
+    room_for_the_crowd();
+    let (_dir, rules) = rules();
+    // The server must not close the idle connections itself while the test runs.
+    let (serve, http, _grpc) = serve(&rules, &["--header-timeout", "1h"]);
+    let before = sockets_of(serve.pid());
+    let held = crowd(&http).await;
+    wait_for_sockets(serve.pid(), before + CROWD);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"crowd"}]}]}"#;
+    let statuses = twenty_requests(|| {
+        client
+            .post(format!("http://{http}/v1/check"))
+            .header("content-type", "application/json")
+            .body(body)
+    })
+    .await;
+    assert_eq!(statuses, five_admitted_then_refused());
+    // Every idle connection is still there, and served.
+    assert!(sockets_of(serve.pid()) >= before + CROWD);
+    every_one_answered(held, "/healthz", "ok").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_answers_while_5000_idle_connections_are_held() {
+    room_for_the_crowd();
+    let (_dir, rules) = rules();
+    let upstream = sluice_testing::upstream().await;
+    let upstream_url = format!("http://{}", upstream.addr);
+    let (proxy, listen, _admin) = proxy(&rules, &upstream_url, &["--header-timeout", "1h"]);
+    let before = sockets_of(proxy.pid());
+    let held = crowd(&listen).await;
+    wait_for_sockets(proxy.pid(), before + CROWD);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let statuses = twenty_requests(|| client.get(format!("http://{listen}/api/crowd"))).await;
+    assert_eq!(statuses, five_admitted_then_refused());
+    assert_eq!(
+        upstream.hits(),
+        5,
+        "the refused ones never reached the upstream"
+    );
+    assert!(sockets_of(proxy.pid()) >= before + CROWD);
+    // An unrouted path passes to the upstream, from every idle connection.
+    every_one_answered(held, "/open", "upstream GET /open").await;
+    assert_eq!(upstream.hits(), 5 + CROWD);
+}
+
+/// The open-files limit the descriptor test puts on a running server.
+const FEW_FILES: u64 = 256;
+
+/// `GET /healthz` on a kept-alive connection: the status line, once the whole answer is read.
+fn healthz_kept_alive(s: &TcpStream) -> String {
+    let mut w = s;
+    w.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut r = BufReader::new(s);
+    let mut status = String::new();
+    r.read_line(&mut status).unwrap();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    r.read_exact(&mut body).unwrap();
+    status.trim_end().to_owned()
+}
+
+/// How many connections wait in the accept queue of the listener on `addr` (127.0.0.1), as
+/// `/proc/net/tcp` shows it: for a listening socket, the receive queue is that backlog.
+fn accept_backlog(addr: &str) -> u64 {
+    let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+    let local = format!("0100007F:{port:04X}");
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 4 && f[1] == local && f[3] == "0A")
+        .and_then(|f| u64::from_str_radix(f[4].split_once(':')?.1, 16).ok())
+        .expect("the listener in /proc/net/tcp")
+}
+
+/// The `repeated` count of every "out of file descriptors" line in a JSON log.
+fn out_of_descriptors_lines(log: &std::path::Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("out of file descriptors"))
+        })
+        .map(|v| v["fields"]["repeated"].as_u64().expect("a repeated count"))
+        .collect()
+}
+
+/// A server out of file descriptors for real: the connections it holds are still served, new
+/// ones wait in the backlog, accepting resumes as soon as connections close, and the failing
+/// accepts are logged once per 10 s with their count, not once each.
+///
+/// The limit is lowered under the running server (`prlimit`): at start, `serve` fits its
+/// connection cap to the limit it finds ((limit - 256) / 3 per listener: one connection at a
+/// limit of 256), so connections alone never exhaust a limit it started under. A limit lowered
+/// afterwards, or descriptors taken by something else, is what makes `accept` fail.
+#[test]
+fn out_of_file_descriptors_pauses_accepting_until_connections_close() {
+    let (dir, rules) = rules();
+    let log = dir.path().join("serve.log");
+    let (http, grpc) = (free_addr(), free_addr());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command
+        .args(serve_args(
+            &rules,
+            &http,
+            &grpc,
+            &["--header-timeout", "1h", "--log-format", "json"],
+        ))
+        .env("SLUICE_LOG", "warn")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null());
+    let serve = spawn_command_listening(command, &http);
+    let pid = serve.pid();
+    let lowered = Instant::now();
+    rlimit::prlimit(
+        i32::try_from(pid).unwrap(),
+        rlimit::Resource::NOFILE,
+        Some((FEW_FILES, FEW_FILES)),
+        None,
+    )
+    .expect("lower the server's open-files limit");
+    let own = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    assert!(
+        own + 50 < FEW_FILES as usize,
+        "{own} descriptors open already"
+    );
+
+    // More idle connections than the limit: the server takes what fits, the rest wait in the
+    // listener's backlog (1,024).
+    let mut held: Vec<TcpStream> = (0..FEW_FILES + 100)
+        .map(|_| TcpStream::connect(&http).unwrap())
+        .collect();
+    poll_until(
+        "accept fails, is logged, and connections wait in the backlog",
+        Duration::from_secs(20),
+        || !out_of_descriptors_lines(&log).is_empty() && accept_backlog(&http) > 0,
+    );
+    let accepted = sockets_of(pid);
+    // The connections it holds are served meanwhile (the first were accepted first).
+    for s in &held[..20] {
+        assert_eq!(healthz_kept_alive(s), "HTTP/1.1 200 OK");
+    }
+    // Accepting goes on failing, and is logged again only after a while, with its count.
+    poll_until(
+        "a second log line counts the failed accepts since the first",
+        Duration::from_secs(30),
+        || out_of_descriptors_lines(&log).len() >= 2,
+    );
+    // One more client asks now; it is answered once connections close.
+    let mut late = TcpStream::connect(&http).unwrap();
+    late.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let backlog = accept_backlog(&http);
+    held.drain(..200);
+    late.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut answer = String::new();
+    late.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let elapsed = lowered.elapsed();
+
+    let lines = out_of_descriptors_lines(&log);
+    let failed_accepts: u64 = lines.iter().sum();
+    eprintln!(
+        "limit {FEW_FILES}: {own} descriptors of its own, {accepted} sockets held, {backlog} \
+         connections waiting; {failed_accepts} failed accepts in {elapsed:?}, logged in {} \
+         lines",
+        lines.len()
+    );
+    // One line per 10 s at most: not one per failed accept.
+    assert!(
+        lines.len() as u64 <= elapsed.as_secs() / 10 + 1,
+        "{} lines in {elapsed:?}",
+        lines.len()
+    );
+    assert!(
+        lines[1] > 1,
+        "the second line counts the accepts since the first: {lines:?}"
+    );
+    // Accepting waits 100 ms after each failure instead of spinning.
+    let most = u64::try_from(elapsed.as_millis() / 100).unwrap() + 1;
+    assert!(
+        failed_accepts <= most,
+        "{failed_accepts} failed accepts in {elapsed:?}"
+    );
 }
