@@ -1,8 +1,8 @@
 //! Real Redis for tests and benchmarks: `redis-server` processes on free loopback ports (one
-//! server, a TLS server, a replica, a Sentinel, or a 3-master Cluster), stores on them under the
-//! shared backend suite, and the script internals that the check script's differential test
-//! compares with the core. Enabled by the `testing` feature; `redis-server` and `redis-cli` must
-//! be on the `PATH`.
+//! server, a TLS server, a replica, a Sentinel, or a 3-master Cluster, with a replica per master
+//! if asked), stores on them under the shared backend suite, and the script internals that the
+//! check script's differential test compares with the core. Enabled by the `testing` feature;
+//! `redis-server` and `redis-cli` must be on the `PATH`.
 //!
 //! Each server lives in its own temporary directory, without persistence, and is killed when its
 //! handle drops, or by a watchdog when the test process ends. Tests that need no server of their
