@@ -420,7 +420,7 @@ impl<C: Clock + 'static> HybridStore<C> {
         // Each check sees what the earlier checks of this request would leave on its key.
         let mut after: Vec<(&str, &Policy, Local)> = Vec::with_capacity(checks.len());
         let mut decisions = Vec::with_capacity(checks.len());
-        for c in checks {
+        for (i, c) in checks.iter().enumerate() {
             let earlier = after
                 .iter()
                 .rev()
@@ -440,10 +440,11 @@ impl<C: Clock + 'static> HybridStore<C> {
                 .get(c.key)
                 .filter(|e| e.policy == *c.policy)
                 .map_or_else(|| self.share(c.policy.limit()), |e| e.allowance);
-            let taken: u64 = after
+            let taken: u64 = checks[..i]
                 .iter()
-                .filter(|(k, p, _)| *k == c.key && *p == c.policy)
-                .count() as u64;
+                .filter(|e| e.key == c.key && e.policy == c.policy)
+                .map(|e| e.cost)
+                .sum();
             let share = share.saturating_sub(taken);
             if d.allowed && c.cost > share {
                 // The limit may have room, but not within this instance's share until the next

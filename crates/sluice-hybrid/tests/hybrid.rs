@@ -294,3 +294,22 @@ async fn unsupported_algorithms_are_refused_with_a_reason() {
         assert!(sluice_redis::hybrid_supports(&p).is_ok());
     }
 }
+
+/// Checks of one request on one key take from the instance's share by their costs: two checks
+/// of 3 units cannot pass on a share of 4.
+#[tokio::test]
+async fn repeated_checks_of_a_request_take_their_costs_from_the_share() {
+    let server = RedisServer::start();
+    let (_clock, stores) = instances(server.port, 2).await;
+    let p: Policy = FixedWindow::new(16, Duration::from_secs(60), Alignment::FirstRequest)
+        .unwrap()
+        .into();
+    // Two live instances: each holds a quarter of what is left, 4 of 16.
+    warm(&stores, "costly", &p).await;
+    warm(&stores, "costly", &p).await;
+    let twice = [Check::new("costly", &p, 3), Check::new("costly", &p, 3)];
+    let ds = stores[0].check(&twice).await.unwrap();
+    assert!(!ds[1].allowed, "6 units passed on a share of 4: {ds:?}");
+    let once = stores[0].check(&twice[..1]).await.unwrap();
+    assert!(once[0].allowed, "3 units fit the share of 4: {once:?}");
+}

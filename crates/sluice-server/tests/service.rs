@@ -99,6 +99,11 @@ impl Harness {
         }
     }
 
+    async fn metrics(&self) -> String {
+        let r = self.http.get(self.url("/metrics")).send().await.unwrap();
+        r.text().await.unwrap()
+    }
+
     fn rules_path(&self) -> PathBuf {
         self.dir.path().join("rules.yaml")
     }
@@ -549,15 +554,7 @@ async fn health_readiness_and_metrics() {
     let body =
         json!({"domain": "shop", "descriptors": [{"entries": [{"key": "bot", "value": "evil"}]}]});
     h.post("/json", &body).await;
-    let text = h
-        .http
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = h.metrics().await;
     assert!(
         text.contains(
             r#"sluice_decisions_total{domain="shop",rule="shop/bot=evil",outcome="limited"} 1"#
@@ -959,15 +956,7 @@ async fn value_to_metric_and_detailed_metric_put_request_values_in_the_label() {
     ] {
         client.should_rate_limit(request(vec![d])).await.unwrap();
     }
-    let text = h
-        .http
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = h.metrics().await;
     for rule in [
         "shop/team=red/path",
         "shop/team=blue/path",
