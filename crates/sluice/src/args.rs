@@ -47,9 +47,20 @@ impl ConnectionArgs {
     /// upstream, the rule files).
     pub(crate) fn limits(&self, open_files: u64) -> sluice_http::serve::ConnectionLimits {
         let fits = usize::try_from(open_files.saturating_sub(256) / 3).unwrap_or(usize::MAX);
+        let max_connections = self.max_connections.min(fits.max(1));
+        if max_connections < self.max_connections {
+            tracing::warn!(
+                open_files,
+                asked = self.max_connections,
+                max_connections,
+                "the open-files limit holds fewer connections than --max-connections; each \
+                 listener takes at most max_connections (raise the hard limit, `ulimit -Hn`, \
+                 to serve more)"
+            );
+        }
         sluice_http::serve::ConnectionLimits {
             header_read: self.header_timeout,
-            max_connections: self.max_connections.min(fits.max(1)),
+            max_connections,
             max_per_ip: self.max_connections_per_ip,
             ..Default::default()
         }

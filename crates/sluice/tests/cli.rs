@@ -447,3 +447,38 @@ fn validate_with_a_hybrid_store_refuses_the_sliding_log_with_its_location() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown parameter `sync=1ms`"));
 }
+
+/// Under an open-files limit too small for `--max-connections`, the cap is lowered to fit, and
+/// the log says so at start.
+#[test]
+fn a_connection_cap_lowered_to_fit_the_open_files_limit_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/rules.yaml");
+    let (http, grpc) = (
+        sluice_testing::process::free_addr(),
+        sluice_testing::process::free_addr(),
+    );
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let mut command = Command::new("prlimit");
+    command
+        .args(["--nofile=1024:1024", env!("CARGO_BIN_EXE_sluice"), "serve"])
+        .args([
+            "--config",
+            rules,
+            "--http-addr",
+            &http,
+            "--grpc-addr",
+            &grpc,
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    let process = sluice_testing::process::spawn_command_listening(command, &http);
+    drop(process);
+    let text = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    assert!(
+        text.contains("fewer connections than --max-connections")
+            && text.contains("max_connections=256"),
+        "{text}"
+    );
+}
