@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use super::divisor::Divisor;
 use crate::policy::{PolicyError, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -33,6 +34,8 @@ pub struct FixedWindow {
     /// For clock alignment: how far a window start lies after a multiple of the window length
     /// since the epoch, in `[0, window)`.
     shift: u64,
+    /// The window again, to divide by without a division instruction.
+    window_div: Divisor,
 }
 
 /// The state of one fixed-window counter.
@@ -62,6 +65,7 @@ impl FixedWindow {
             window,
             alignment,
             shift,
+            window_div: Divisor::new(window),
         })
     }
 
@@ -88,7 +92,7 @@ impl FixedWindow {
                 let Some(since) = now_n.checked_sub(self.shift) else {
                     return Timestamp::EPOCH;
                 };
-                Timestamp::from_nanos(since - since % self.window + self.shift)
+                Timestamp::from_nanos(since - self.window_div.rem(since) + self.shift)
             }
             Alignment::FirstRequest => {
                 let last_n = last.as_nanos();

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use super::divisor::Divisor;
 use crate::policy::{Algorithm, PolicyError, Rate};
 
 /// The longest a GCRA backlog may reach: a century. Keeping `now + backlog` far below `u64::MAX`
@@ -21,6 +22,8 @@ pub struct Gcra {
     burst: u64,
     /// `T`, the emission interval in nanoseconds, precomputed from the rate.
     interval: u64,
+    /// `T` again, to divide by without a division instruction.
+    interval_div: Divisor,
 }
 
 impl Gcra {
@@ -47,6 +50,7 @@ impl Gcra {
             rate,
             burst,
             interval,
+            interval_div: Divisor::new(interval),
         })
     }
 
@@ -77,7 +81,7 @@ impl Gcra {
         let backlog = tat_n - now_n;
         let need = cost.max(1);
         let reset = Duration::from_nanos(backlog);
-        let free = |backlog: u64| horizon.saturating_sub(backlog) / self.interval;
+        let free = |backlog: u64| self.interval_div.div(horizon.saturating_sub(backlog));
         if need > self.burst {
             return (
                 tat,

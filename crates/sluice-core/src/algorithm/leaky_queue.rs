@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use super::divisor::Divisor;
 use crate::clock::duration_nanos;
 use crate::policy::{PolicyError, Rate};
 use crate::{Decision, Timestamp};
@@ -20,6 +21,8 @@ pub struct LeakyQueue {
     max_wait: Duration,
     /// The time between two releases, in nanoseconds.
     interval: u64,
+    /// The interval again, to divide by without a division instruction.
+    interval_div: Divisor,
 }
 
 impl LeakyQueue {
@@ -31,6 +34,7 @@ impl LeakyQueue {
             queue_size,
             max_wait,
             interval: rate.interval_nanos(),
+            interval_div: Divisor::new(rate.interval_nanos()),
         })
     }
 
@@ -82,9 +86,9 @@ impl LeakyQueue {
         let max_wait = duration_nanos(self.max_wait);
         // How many more single requests would be accepted behind a backlog of this length.
         let free = |backlog: u64| {
-            let by_queue = limit.saturating_sub(backlog.div_ceil(self.interval));
+            let by_queue = limit.saturating_sub(self.interval_div.div_ceil(backlog));
             let by_wait = match max_wait.checked_sub(backlog) {
-                Some(slack) => slack / self.interval + 1,
+                Some(slack) => self.interval_div.div(slack) + 1,
                 None => 0,
             };
             by_queue.min(by_wait)

@@ -4,6 +4,7 @@
 //! that steps backwards is treated as no time passing, and arithmetic saturates.
 
 mod bucketed_window;
+mod divisor;
 mod fixed_window;
 mod gcra;
 mod leaky_queue;

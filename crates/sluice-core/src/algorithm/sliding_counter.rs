@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use super::divisor::Divisor;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -20,6 +21,8 @@ use crate::{Decision, Timestamp};
 pub struct SlidingCounter {
     limit: u64,
     window: u64,
+    /// The window again, to divide by without a division instruction.
+    window_div: Divisor,
 }
 
 /// The two counters of one key. Counts are `u32` to keep a tracked key small; the policy's limit
@@ -47,7 +50,11 @@ impl SlidingCounter {
             Algorithm::SlidingCounter,
             "use a fixed window, or a longer window with a proportionally larger limit",
         )?;
-        Ok(SlidingCounter { limit, window })
+        Ok(SlidingCounter {
+            limit,
+            window,
+            window_div: Divisor::new(window),
+        })
     }
 
     /// The most units in any window.
@@ -64,7 +71,7 @@ impl SlidingCounter {
     /// when one window has passed, and both are forgotten after two.
     fn roll(&self, s: SlidingCounterState, now: Timestamp) -> SlidingCounterState {
         let now_n = now.as_nanos();
-        let start = now_n - now_n % self.window;
+        let start = now_n - self.window_div.rem(now_n);
         let last = s.start.as_nanos();
         if start <= last {
             // The same window, or a clock that stepped back: keep counting the later window.
@@ -85,7 +92,7 @@ impl SlidingCounter {
     /// The previous window's count weighted by its overlap with the sliding window, rounded down.
     fn weighted_previous(&self, previous: u32, elapsed: u64) -> u64 {
         let overlap = self.window - elapsed.min(self.window);
-        crate::arith::mul_div_floor(u64::from(previous), overlap, self.window)
+        self.window_div.mul_div_floor(u64::from(previous), overlap)
     }
 
     /// The estimated units in the window ending at `now`.

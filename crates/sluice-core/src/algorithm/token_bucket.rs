@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::arith::{mul_div_ceil, mul_div_floor};
+use super::divisor::Divisor;
 use crate::policy::{PolicyError, Rate};
 use crate::{Decision, Timestamp};
 
@@ -11,6 +11,10 @@ use crate::{Decision, Timestamp};
 pub struct TokenBucket {
     capacity: u64,
     refill: Rate,
+    /// The refill period in nanoseconds, to divide by without a division instruction.
+    per: Divisor,
+    /// The refill amount (1 when it is 0), likewise.
+    amount: Divisor,
 }
 
 /// The state of one bucket: whole tokens, and when the refill was last accounted.
@@ -30,7 +34,12 @@ impl TokenBucket {
         if capacity > 0 && refill.amount() == 0 {
             return Err(PolicyError::ZeroRate { limit: capacity });
         }
-        Ok(TokenBucket { capacity, refill })
+        Ok(TokenBucket {
+            capacity,
+            refill,
+            per: Divisor::new(refill.per_nanos()),
+            amount: Divisor::new(refill.amount()),
+        })
     }
 
     /// The most tokens the bucket holds.
@@ -54,15 +63,14 @@ impl TokenBucket {
     /// The bucket brought up to `now`, with the tokens earned since `last`.
     fn refill(&self, s: TokenBucketState, now: Timestamp) -> TokenBucketState {
         let elapsed = now.as_nanos().saturating_sub(s.last.as_nanos());
-        let per = self.refill.per_nanos();
-        let earned = mul_div_floor(elapsed, self.refill.amount(), per);
+        let earned = self.per.mul_div_floor(elapsed, self.refill.amount());
         let tokens = s.tokens.saturating_add(earned);
         if tokens >= self.capacity {
             return self.initial(now);
         }
         // Move `last` only by the time the whole tokens took, so the fraction carries over;
         // rounding up never credits a token early.
-        let spent = mul_div_ceil(earned, per, self.refill.amount().max(1));
+        let spent = self.amount.mul_div_ceil(earned, self.per.get());
         TokenBucketState {
             tokens,
             last: Timestamp::from_nanos(s.last.as_nanos().saturating_add(spent)),
@@ -74,11 +82,7 @@ impl TokenBucket {
         if s.tokens >= want {
             return Duration::ZERO;
         }
-        let wait = mul_div_ceil(
-            want - s.tokens,
-            self.refill.per_nanos(),
-            self.refill.amount().max(1),
-        );
+        let wait = self.amount.mul_div_ceil(want - s.tokens, self.per.get());
         let at = s.last.as_nanos().saturating_add(wait);
         Duration::from_nanos(at.saturating_sub(now.as_nanos()))
     }
