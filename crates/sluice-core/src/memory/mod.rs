@@ -13,8 +13,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use fingerprint::{Fingerprint, Fingerprinter};
 use shard::{Entry, Shard};
-use state::{Update, apply, decide};
+use state::{Update, apply, decide, decide_in_place};
 
+use crate::clock::duration_nanos;
 use crate::{Check, Clock, Decision, Policy, Store, StoreResult, SystemClock, Timestamp};
 
 /// The default hard limit on tracked keys: about 100 MB of counters.
@@ -164,11 +165,8 @@ impl<C: Clock> MemoryStore<C> {
         let fp = self.fingerprints.of(check.key);
         let mut shard = lock(&self.shards[self.shard_of(fp)].0);
         if let Some(entry) = shard.map.get_mut(&fp) {
-            let (update, d) = decide(check.policy, Some(&entry.state), now, check.cost);
+            let d = decide_in_place(check.policy, &mut entry.state, now, check.cost);
             if d.allowed && check.cost > 0 {
-                if let Some(fresh) = apply(check.policy, Some(&mut entry.state), update, now) {
-                    entry.state = fresh;
-                }
                 entry.expires = self.expiry(now, &d);
             }
             entry.limited = is_limited(&d);
@@ -341,11 +339,13 @@ impl<C: Clock> MemoryStore<C> {
 
     /// When a counter left by decision `d` at `now` is full again, in stored form.
     fn expiry(&self, now: Timestamp, d: &Decision) -> u32 {
+        // In nanoseconds rather than through `Duration`, which would split and join seconds
+        // and nanoseconds three times over.
         let at = now
-            .saturating_add(d.reset_after)
-            .saturating_since(self.base);
-        let secs = at.as_secs() + u64::from(at.subsec_nanos() > 0);
-        u32::try_from(secs).unwrap_or(u32::MAX)
+            .as_nanos()
+            .saturating_add(duration_nanos(d.reset_after))
+            .saturating_sub(self.base.as_nanos());
+        u32::try_from(at.div_ceil(1_000_000_000)).unwrap_or(u32::MAX)
     }
 
     /// The decision a cost-0 check of `key` would get now, creating and changing nothing: the

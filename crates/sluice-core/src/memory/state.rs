@@ -94,6 +94,56 @@ pub(crate) fn decide(
     }
 }
 
+/// Decides a request against a stored state and, if it admits it at a cost, updates the state
+/// in place: [`decide`] then [`apply`] in one step, for one check. The constant-size states are
+/// updated where they lie instead of being returned and copied back, which is most of what a
+/// decision on a hot key costs besides the clock, the fingerprint and the lock.
+#[inline]
+pub(crate) fn decide_in_place(
+    policy: &Policy,
+    stored: &mut State,
+    now: Timestamp,
+    cost: u64,
+) -> Decision {
+    /// Decides with `decide` on a copy of the state, and stores the result if it consumes.
+    #[inline(always)]
+    fn step<S: Copy>(
+        state: &mut S,
+        cost: u64,
+        decide: impl FnOnce(S) -> (S, Decision),
+    ) -> Decision {
+        let (next, d) = decide(*state);
+        if d.allowed && cost > 0 {
+            *state = next;
+        }
+        d
+    }
+    match (policy, stored) {
+        (Policy::TokenBucket(p), State::TokenBucket(s)) => {
+            step(s, cost, |s| p.decide(s, now, cost))
+        }
+        (Policy::Gcra(p), State::Gcra(t)) => step(t, cost, |t| p.decide(t, now, cost)),
+        (Policy::LeakyQueue(p), State::LeakyQueue(t)) => step(t, cost, |t| p.decide(t, now, cost)),
+        (Policy::FixedWindow(p), State::FixedWindow(s)) => {
+            step(s, cost, |s| p.decide(s, now, cost))
+        }
+        (Policy::SlidingCounter(p), State::SlidingCounter(s)) => {
+            step(s, cost, |s| p.decide(s, now, cost))
+        }
+        // The logs and buckets record in place already; a state of another algorithm (the
+        // key's policy changed) is replaced.
+        (policy, stored) => {
+            let (update, d) = decide(policy, Some(stored), now, cost);
+            if d.allowed && cost > 0 {
+                if let Some(fresh) = apply(policy, Some(stored), update, now) {
+                    *stored = fresh;
+                }
+            }
+            d
+        }
+    }
+}
+
 /// Applies an admitted request's update to the stored state, if there is one. Returns the state
 /// to store in its place when there is none, or when the stored one is of another algorithm.
 pub(crate) fn apply(
