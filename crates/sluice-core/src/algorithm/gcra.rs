@@ -74,6 +74,8 @@ impl Gcra {
     /// has a TAT of [`Timestamp::EPOCH`] (anything not after `now`).
     ///
     /// A cost of 0 asks whether one more request would pass, and consumes nothing.
+    // Always inlined, as the token bucket's: see there.
+    #[inline(always)]
     pub fn decide(&self, tat: Timestamp, now: Timestamp, cost: u64) -> (Timestamp, Decision) {
         let now_n = now.as_nanos();
         let tat_n = tat.as_nanos().max(now_n);

@@ -77,6 +77,8 @@ impl LeakyQueue {
     /// admitted decision carries the delay before the request is released.
     ///
     /// A cost of 0 asks whether one more request would be queued, and consumes nothing.
+    // Always inlined, as the token bucket's: see there.
+    #[inline(always)]
     pub fn decide(&self, next: Timestamp, now: Timestamp, cost: u64) -> (Timestamp, Decision) {
         let limit = self.capacity();
         let now_n = now.as_nanos();

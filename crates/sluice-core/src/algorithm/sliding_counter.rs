@@ -69,6 +69,7 @@ impl SlidingCounter {
 
     /// The state moved to the window `now` falls in: the current count becomes the previous one
     /// when one window has passed, and both are forgotten after two.
+    #[inline]
     fn roll(&self, s: SlidingCounterState, now: Timestamp) -> SlidingCounterState {
         let now_n = now.as_nanos();
         let start = now_n - self.window_div.rem(now_n);
@@ -90,6 +91,7 @@ impl SlidingCounter {
     }
 
     /// The previous window's count weighted by its overlap with the sliding window, rounded down.
+    #[inline]
     fn weighted_previous(&self, previous: u32, elapsed: u64) -> u64 {
         let overlap = self.window - elapsed.min(self.window);
         self.window_div.mul_div_floor(u64::from(previous), overlap)
@@ -127,6 +129,7 @@ impl SlidingCounter {
     }
 
     /// Time from `now` until both counters no longer weigh on the estimate.
+    #[inline]
     fn reset_after(&self, s: SlidingCounterState, elapsed: u64) -> Duration {
         let to_next = self.window - elapsed;
         Duration::from_nanos(match (s.current, s.previous) {
@@ -140,6 +143,8 @@ impl SlidingCounter {
     /// caller stores only if the decision admits the request. A fresh key's state is the default.
     ///
     /// A cost of 0 asks whether one more request would pass, and consumes nothing.
+    // Always inlined, as the token bucket's: see there.
+    #[inline(always)]
     pub fn decide(
         &self,
         state: SlidingCounterState,

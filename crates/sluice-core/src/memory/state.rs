@@ -98,7 +98,7 @@ pub(crate) fn decide(
 /// in place: [`decide`] then [`apply`] in one step, for one check. The constant-size states are
 /// updated where they lie instead of being returned and copied back, which is most of what a
 /// decision on a hot key costs besides the clock, the fingerprint and the lock.
-#[inline]
+#[inline(always)]
 pub(crate) fn decide_in_place(
     policy: &Policy,
     stored: &mut State,
@@ -130,18 +130,22 @@ pub(crate) fn decide_in_place(
         (Policy::SlidingCounter(p), State::SlidingCounter(s)) => {
             step(s, cost, |s| p.decide(s, now, cost))
         }
-        // The logs and buckets record in place already; a state of another algorithm (the
-        // key's policy changed) is replaced.
-        (policy, stored) => {
-            let (update, d) = decide(policy, Some(stored), now, cost);
-            if d.allowed && cost > 0 {
-                if let Some(fresh) = apply(policy, Some(stored), update, now) {
-                    *stored = fresh;
-                }
-            }
-            d
+        (policy, stored) => decide_then_apply(policy, stored, now, cost),
+    }
+}
+
+/// [`decide_in_place`] for the logs and buckets, which record in place already, and for a
+/// state of another algorithm (the key's policy changed), which is replaced. Kept out of line
+/// so that the constant-size cases stay small enough to inline.
+#[inline(never)]
+fn decide_then_apply(policy: &Policy, stored: &mut State, now: Timestamp, cost: u64) -> Decision {
+    let (update, d) = decide(policy, Some(stored), now, cost);
+    if d.allowed && cost > 0 {
+        if let Some(fresh) = apply(policy, Some(stored), update, now) {
+            *stored = fresh;
         }
     }
+    d
 }
 
 /// Applies an admitted request's update to the stored state, if there is one. Returns the state
