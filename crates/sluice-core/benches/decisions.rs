@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sluice_core::{
     Alignment, Check, Decision, DynStore, FakeClock, FixedWindow, FixedWindowState, Gcra,
@@ -486,4 +486,73 @@ criterion_group! {
     config = config();
     targets = decisions, denials, trait_paths, algorithms_alone, sliding_log_length, cached_clock
 }
-criterion_main!(benches);
+
+/// Counts instructions instead of timing, for `valgrind --tool=callgrind`: with
+/// `SLUICE_BENCH_COUNT=<algorithm>/<key set>` (such as `gcra/hot`, `governor/1M`) the binary
+/// fills one store as the timed benchmark does, then makes [`COUNTED`] decisions in
+/// [`counted`] and exits. Instruction counts do not move with the neighbours' load, so they
+/// compare two builds where timings on a shared machine cannot:
+///
+/// ```sh
+/// SLUICE_BENCH_COUNT=gcra/hot valgrind --tool=callgrind --toggle-collect='*counted*' \
+///     target/release/deps/decisions-<hash>
+/// ```
+///
+/// The total of the collected instructions over [`COUNTED`] is the cost of one decision.
+fn count_instructions(case: &str) {
+    let (name, set) = case
+        .split_once('/')
+        .expect("SLUICE_BENCH_COUNT is <algorithm>/<key set>, such as gcra/hot");
+    let n = KEY_SETS
+        .iter()
+        .find(|(s, _)| *s == set)
+        .map(|(_, n)| *n)
+        .expect("the key set is hot, 100k or 1M");
+    let keys = &all_keys()[..n];
+    let order = shuffled(n);
+    let admitted = if name == "governor" {
+        let governor: DefaultKeyedRateLimiter<String> =
+            RateLimiter::keyed(governor_quota(GENEROUS));
+        let decide = |k: &String| black_box(governor.check_key(k)).is_ok();
+        for &i in &order {
+            decide(&keys[i]);
+        }
+        counted(keys, &decide)
+    } else {
+        let (_, policy) = generous_policies()
+            .into_iter()
+            .find(|(p, _)| *p == name)
+            .expect("the algorithm is one of the generous policies, or governor");
+        let store = MemoryStore::new();
+        let decide = |k: &String| {
+            let d = store.check_one(Check::new(k, &policy, 1));
+            black_box(d).is_ok_and(|d| d.allowed)
+        };
+        for &i in &order {
+            decide(&keys[i]);
+        }
+        counted(keys, &decide)
+    };
+    println!("{case}: {admitted} of {COUNTED} decisions admitted");
+}
+
+/// How many decisions [`count_instructions`] counts.
+const COUNTED: u64 = 100_000;
+
+/// The decisions whose instructions are counted; not inlined so that callgrind can collect
+/// exactly them.
+#[inline(never)]
+fn counted(keys: &[String], decide: &impl Fn(&String) -> bool) -> u64 {
+    (0..COUNTED)
+        .map(|i| u64::from(decide(&keys[i as usize % keys.len()])))
+        .sum()
+}
+
+fn main() {
+    if let Ok(case) = std::env::var("SLUICE_BENCH_COUNT") {
+        count_instructions(&case);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
