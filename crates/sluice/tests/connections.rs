@@ -257,6 +257,47 @@ fn sockets_of(pid: u32) -> usize {
         .count()
 }
 
+/// How many connections from the crowd (127.0.0.2 and up) process `pid` holds: its sockets
+/// whose peer, in the kernel's table of TCP sockets, is a crowd address. Exact, whatever other
+/// sockets the process opens or closes meanwhile (a readiness probe's, say).
+fn crowd_held_by(pid: u32) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|target| {
+            let t = target.to_string_lossy().into_owned();
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let sources = CROWD.div_ceil(PER_SOURCE);
+    // Addresses as the table writes them: the IPv4 address's bytes in host (little-endian) order.
+    let crowd: Vec<String> = (0..sources)
+        .map(|i| format!("{:02X}00007F:", 2 + i))
+        .collect();
+    // The table is read in pieces while other tests open and close sockets, so an entry may
+    // show twice (counted once, by its inode) or be missed (the callers poll).
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let crowd_peer = fields.len() > 9 && crowd.iter().any(|c| fields[2].starts_with(c));
+            (crowd_peer && inodes.contains(fields[9])).then(|| fields[9].to_owned())
+        })
+        .collect::<std::collections::HashSet<String>>()
+        .len()
+}
+
+/// Waits, at most 20 s, until process `pid` holds the whole crowd: accepted and kept, not
+/// waiting in the backlog nor closed for being over a cap.
+fn wait_for_crowd(pid: u32) {
+    let what = format!("the server holds the {CROWD} connections of the crowd");
+    poll_until(&what, Duration::from_secs(20), || {
+        crowd_held_by(pid) >= CROWD
+    });
+}
+
 /// Polls `done` until it holds, failing with `what` once `within` has passed.
 fn poll_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
@@ -264,15 +305,6 @@ fn poll_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "not within {within:?}: {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Waits, at most 20 s, until process `pid` holds `at_least` sockets: the crowd accepted and
-/// kept, not waiting in the backlog nor closed for being over a cap.
-fn wait_for_sockets(pid: u32, at_least: usize) {
-    let what = format!("the server holds {at_least} sockets");
-    poll_until(&what, Duration::from_secs(20), || {
-        sockets_of(pid) >= at_least
-    });
 }
 
 /// Sends `GET path` with `Connection: close` on each held connection, and checks that every one
@@ -323,9 +355,8 @@ async fn serve_answers_while_5000_idle_connections_are_held() {
     let (_dir, rules) = rules();
     // The server must not close the idle connections itself while the test runs.
     let (serve, http, _grpc) = serve(&rules, &["--header-timeout", "1h"]);
-    let before = sockets_of(serve.pid());
     let held = crowd(&http).await;
-    wait_for_sockets(serve.pid(), before + CROWD);
+    wait_for_crowd(serve.pid());
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
@@ -340,7 +371,7 @@ async fn serve_answers_while_5000_idle_connections_are_held() {
     .await;
     assert_eq!(statuses, five_admitted_then_refused());
     // Every idle connection is still there, and served.
-    assert!(sockets_of(serve.pid()) >= before + CROWD);
+    wait_for_crowd(serve.pid());
     every_one_answered(held, "/healthz", "ok").await;
 }
 
@@ -351,9 +382,8 @@ async fn proxy_answers_while_5000_idle_connections_are_held() {
     let upstream = sluice_testing::upstream().await;
     let upstream_url = format!("http://{}", upstream.addr);
     let (proxy, listen, _admin) = proxy(&rules, &upstream_url, &["--header-timeout", "1h"]);
-    let before = sockets_of(proxy.pid());
     let held = crowd(&listen).await;
-    wait_for_sockets(proxy.pid(), before + CROWD);
+    wait_for_crowd(proxy.pid());
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
@@ -365,7 +395,7 @@ async fn proxy_answers_while_5000_idle_connections_are_held() {
         5,
         "the refused ones never reached the upstream"
     );
-    assert!(sockets_of(proxy.pid()) >= before + CROWD);
+    wait_for_crowd(proxy.pid());
     // An unrouted path passes to the upstream, from every idle connection.
     every_one_answered(held, "/open", "upstream GET /open").await;
     assert_eq!(upstream.hits(), 5 + CROWD);
