@@ -90,7 +90,7 @@ impl Fingerprinter {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn of(&self, key: &str) -> Fingerprint {
         let bytes = key.as_bytes();
         if bytes.len() > MAX_WORDS * 8 {
