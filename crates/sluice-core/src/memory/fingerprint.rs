@@ -48,6 +48,9 @@ type HalfKey = [u128; MAX_WORDS + 2];
 pub(crate) struct Fingerprinter {
     /// The multilinear keys of the low and the high half.
     halves: Box<[HalfKey; 2]>,
+    /// `k₀ + k₁·len` of each half for every length the multilinear hash takes, computed once:
+    /// the same sum, two multiplications fewer per half and key (8 KiB per store).
+    starts: Box<[[u128; 2]; MAX_WORDS * 8 + 1]>,
     /// SipHash's key, for keys longer than [`MAX_WORDS`] words.
     k0: u64,
     k1: u64,
@@ -83,8 +86,15 @@ impl Fingerprinter {
             let hi = next.next().copied().unwrap_or_default();
             *k = u128::from(lo) | (u128::from(hi) << 64);
         }
+        let mut starts = Box::new([[0u128; 2]; MAX_WORDS * 8 + 1]);
+        for (len, start) in starts.iter_mut().enumerate() {
+            for (half, k) in start.iter_mut().zip(halves.iter()) {
+                *half = k[0].wrapping_add(k[1].wrapping_mul(len as u128));
+            }
+        }
         Fingerprinter {
             halves,
+            starts,
             k0: next.next().copied().unwrap_or_default(),
             k1: next.next().copied().unwrap_or_default(),
         }
@@ -97,9 +107,7 @@ impl Fingerprinter {
             return self.long(bytes);
         }
         let [a, b] = &*self.halves;
-        let len = bytes.len() as u64;
-        let mut lo = a[0].wrapping_add(a[1].wrapping_mul(u128::from(len)));
-        let mut hi = b[0].wrapping_add(b[1].wrapping_mul(u128::from(len)));
+        let [mut lo, mut hi] = self.starts[bytes.len()];
         let mut add = |i: usize, word: u64| {
             lo = lo.wrapping_add(a[i + 2].wrapping_mul(u128::from(word)));
             hi = hi.wrapping_add(b[i + 2].wrapping_mul(u128::from(word)));
