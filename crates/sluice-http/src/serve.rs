@@ -85,7 +85,10 @@ pub async fn serve_connections<S, B>(
         .keep_alive_timeout(limits.h2_keep_alive);
     let graceful = GracefulShutdown::new();
     let open = Arc::new(OpenConnections::default());
-    let mut refusals = RateLimitedLog::default();
+    // Two logs, so that a burst of one event never holds back the other's line or mixes
+    // their counts.
+    let (mut out_of_descriptors, mut refusals) =
+        (RateLimitedLog::default(), RateLimitedLog::default());
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -96,7 +99,7 @@ pub async fn serve_connections<S, B>(
             Err(e) if is_out_of_descriptors(&e) => {
                 // Connections already open go on being served; new ones wait in the backlog
                 // until one closes.
-                refusals.log(|n| {
+                out_of_descriptors.log(|n| {
                     tracing::warn!(
                         error = %e,
                         repeated = n,
