@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks of the built binaries with `sluice bench`, each against a baseline in the same run.
 
-    python3 scripts/bench.py [service|redis|gateway ...] [--runs 3] [--secs 5] [--pin]
+    python3 scripts/bench.py [service|redis|gateway|ab|hybrid ...] [--runs 3] [--secs 5] [--pin]
 
 - service: `sluice serve` on the memory store, HTTP `/json` and gRPC, against the trivial
   upstream (`sluice bench upstream`) answering the same POST.
@@ -15,6 +15,15 @@
   build's) and the upstream on the others. Reports throughput and the server's CPU time per
   answer (utime + stime from /proc/PID/stat over the run, divided by the answers), as medians
   of per-round ratios. CPU per answer does not depend on how the cores are shared.
+- hybrid: `sluice serve --store 'hybrid+redis://'` (default 20 ms sync) against the same service
+  on the memory store, both alive at once on CPU 0, the generator and redis-server on CPU 1,
+  interleaved rounds (memory first, then hybrid first): HTTP `/json` and gRPC on 10,000 keys,
+  and HTTP `/json` on --few-keys keys (20), where every key sees many requests per sync
+  interval (the table prints how many). Reports throughput, the server's CPU per answer and
+  p99 as medians of per-round ratios; and per decision, from `INFO commandstats` before and
+  after each hybrid run: the script calls the store sent (evalsha …), every command Redis ran
+  (those inside the scripts included, INFO aside), and redis-server's CPU time, all divided by
+  the run's answers (warm-up included on both sides).
 
 Every server runs in its own process on loopback; the generator is one more, on one thread.
 Runs are interleaved (one of each, then again) and the medians printed as Markdown tables.
@@ -92,9 +101,9 @@ def stop_all():
             p.kill()
 
 
-def bench(kind, target, *extra, secs, rate=None, concurrency=64, cpus=None):
+def bench(kind, target, *extra, secs, rate=None, concurrency=64, cpus=None, keys=KEYS):
     args = [BIN, "bench", kind, target, "--json", "--duration", f"{secs}s", "--warmup", "1s",
-            "--keys", str(KEYS), "-c", str(concurrency), *extra]
+            "--keys", str(keys), "-c", str(concurrency), *extra]
     if rate:
         args += ["--rate", str(rate)]
     out = subprocess.run(pinned(args, cpus), capture_output=True, text=True)
@@ -300,12 +309,123 @@ def ab(tmp, runs, secs, baseline_bin):
               f"| {cpu_ratio:.2f} |")
 
 
+SYNC_INTERVAL = 0.020  # the hybrid store's default sync_interval, in seconds
+
+
+# What a client sends to run a script; every other command in `INFO commandstats` here is run by
+# the scripts themselves (Redis counts those too), or is a connection's set-up.
+SCRIPT_CALLS = {"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro", "script"}
+
+
+def redis_calls(port):
+    """Calls of every command Redis has run, from `INFO commandstats`, INFO itself left out."""
+    out = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), "INFO", "commandstats"],
+                         capture_output=True, text=True, check=True).stdout
+    calls = {}
+    for m in re.finditer(r"^cmdstat_([^:]+):calls=(\d+)", out, re.M):
+        if m.group(1) != "info":
+            calls[m.group(1)] = int(m.group(2))
+    return calls
+
+
+def hybrid(tmp, runs, secs, few_keys):
+    last = (os.cpu_count() or 1) - 1
+    own, rest = ("0", f"1-{last}" if last > 1 else "1") if last > 0 else (None, None)
+    rules = os.path.join(tmp, "rules.yaml")
+    log = open(os.path.join(tmp, "hybrid.log"), "w")
+    redis_port = free_port()
+    redis_proc = start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                        "--appendonly", "no"], log, cpus=rest)
+    wait_port(redis_port, "redis-server")
+    stores = {"memory": ["--store", "memory"],
+              "hybrid": ["--store", f"hybrid+redis://127.0.0.1:{redis_port}", "--store-prefix", "bench"]}
+    servers = {}
+    for name, store in stores.items():
+        http_port, grpc_port = free_port(), free_port()
+        serve = start([BIN, "serve", "--config", rules, "--http-addr", f"127.0.0.1:{http_port}",
+                       "--grpc-addr", f"127.0.0.1:{grpc_port}", *store], log, cpus=own)
+        wait_port(http_port, f"{name} serve")
+        servers[name] = {
+            f"HTTP `/json`, {KEYS:,} keys": lambda p=serve, port=http_port: with_cpu(p, lambda: http_post(
+                f"http://127.0.0.1:{port}/json", secs, cpus=rest)),
+            f"gRPC `ShouldRateLimit`, {KEYS:,} keys": lambda p=serve, port=grpc_port: with_cpu(p, lambda: grpc(
+                f"127.0.0.1:{port}", secs, cpus=rest)),
+            f"HTTP `/json`, {few_keys:,} keys": lambda p=serve, port=http_port: with_cpu(p, lambda: http_post(
+                f"http://127.0.0.1:{port}/json", secs, cpus=rest, keys=few_keys)),
+        }
+    keys_of = dict(zip(servers["memory"], [KEYS, KEYS, few_keys]))
+    # Every path once on each store before measuring: connections, allocator, the script loaded.
+    for by in servers.values():
+        for run in by.values():
+            run()
+    results = {path: {"memory": [], "hybrid": []} for path in servers["memory"]}
+    loads = [os.getloadavg()[0]]
+    for round_ in range(runs):
+        order = ["memory", "hybrid"] if round_ % 2 == 0 else ["hybrid", "memory"]
+        for path in results:
+            for name in order:
+                before, redis_cpu = redis_calls(redis_port), cpu_seconds(redis_proc.pid)
+                report = servers[name][path]()
+                after = redis_calls(redis_port)
+                report["redis_cpu_us"] = (cpu_seconds(redis_proc.pid) - redis_cpu) * 1e6 / max(report["requests"], 1)
+                report["script_calls"] = sum(n - before.get(c, 0) for c, n in after.items() if c in SCRIPT_CALLS)
+                report["redis_calls"] = sum(after.values()) - sum(before.values())
+                report["redis_by_cmd"] = {c: n - before.get(c, 0) for c, n in after.items()
+                                          if n != before.get(c, 0)}
+                results[path][name].append(report)
+                loads.append(os.getloadavg()[0])
+    print(f"\n### Hybrid store against the memory store, {runs} interleaved rounds × {secs} s, "
+          f"server on CPU {own}, generator and Redis on CPU {rest}\n")
+    print(f"Load average (1 min) over the run: median {med(loads):.1f}, {min(loads):.1f} to {max(loads):.1f}\n")
+    print("| path | memory answers/s | hybrid answers/s | × memory | memory CPU µs/answer "
+          "| hybrid CPU µs/answer | × memory | memory p99 µs | hybrid p99 µs | × memory |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ratio = lambda old, new, f: med([f(n) / f(o) for o, n in zip(old, new)])
+    for path, by in results.items():
+        mem, hyb = by["memory"], by["hybrid"]
+        tp, cpu, p99 = (lambda r: r["throughput"]), (lambda r: r["cpu_us"]), (lambda r: r["latency"]["p99_us"])
+        print(f"| {path} | {med([tp(r) for r in mem]):,.0f} | {med([tp(r) for r in hyb]):,.0f} "
+              f"| {ratio(mem, hyb, tp):.2f} | {med([cpu(r) for r in mem]):.1f} "
+              f"| {med([cpu(r) for r in hyb]):.1f} | {ratio(mem, hyb, cpu):.2f} "
+              f"| {med([p99(r) for r in mem]):,.0f} | {med([p99(r) for r in hyb]):,.0f} "
+              f"| {ratio(mem, hyb, p99):.2f} |")
+    print("\nRedis on the hybrid store, per run over the run's answers (warm-up included), medians; "
+          "script calls are what the store sends, commands every command Redis ran, those the "
+          "scripts run included:\n")
+    print("| path | requests per key per sync interval | script calls per decision | range "
+          "| commands per decision | Redis CPU µs/answer | calls by command (median run) |")
+    print("|---|---:|---:|---|---:|---:|---|")
+    for path, by in results.items():
+        hyb = by["hybrid"]
+        per = [r["script_calls"] / max(r["requests"], 1) for r in hyb]
+        mid = sorted(hyb, key=lambda r: r["script_calls"] / max(r["requests"], 1))[len(hyb) // 2]
+        per_key = med([r["throughput"] for r in hyb]) * SYNC_INTERVAL / keys_of[path]
+        cmds = ", ".join(f"{c} {n:,}" for c, n in sorted(mid["redis_by_cmd"].items()))
+        print(f"| {path} | {per_key:,.1f} | {med(per):.4f} | {min(per):.4f} to {max(per):.4f} "
+              f"| {med([r['redis_calls'] / max(r['requests'], 1) for r in hyb]):.3f} "
+              f"| {med([r['redis_cpu_us'] for r in hyb]):.2f} "
+              f"| {cmds} over {mid['requests']:,} answers |")
+    print(f"\nRedis CPU µs/answer during the memory runs (idle Redis, heartbeat only): "
+          f"{med([r['redis_cpu_us'] for by in results.values() for r in by['memory']]):.2f}")
+    for path, by in results.items():
+        for name, reps in by.items():
+            bad = sum(r["limited"] + sum(r["errors"].values()) for r in reps)
+            if bad:
+                print(f"\nWarning: {name} {path}: {bad} answers limited or failed")
+    print("\nPer-round throughput (memory / hybrid):")
+    for path, by in results.items():
+        print(f"- {path}: " + ", ".join(f"{m['throughput']:,.0f} / {h['throughput']:,.0f}"
+                                        for m, h in zip(by["memory"], by["hybrid"])))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="*", default=["service", "redis", "gateway"])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--secs", type=int, default=5)
     parser.add_argument("--baseline-bin", help="ab: the other build of sluice to compare with")
+    parser.add_argument("--few-keys", type=int, default=20,
+                        help="hybrid: the keys of the commands-per-decision runs")
     parser.add_argument("--pin", action="store_true",
                         help="gateway: give the gateway a CPU of its own (taskset)")
     args = parser.parse_args()
@@ -322,6 +442,8 @@ def main():
                     if not args.baseline_bin:
                         sys.exit("ab needs --baseline-bin PATH, another build of sluice")
                     ab(tmp, args.runs, args.secs, args.baseline_bin)
+                elif what == "hybrid":
+                    hybrid(tmp, args.runs, args.secs, args.few_keys)
                 else:
                     {"service": service, "redis": redis}[what](tmp, args.runs, args.secs)
                 stop_all()
