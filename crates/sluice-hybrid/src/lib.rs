@@ -342,44 +342,68 @@ impl<C: Clock + 'static> HybridStore<C> {
     fn apply(&self, entries: &[SyncEntry], states: &[GlobalState]) {
         let inner = &self.inner;
         let now = inner.clock.now();
-        let mut keys = lock(&inner.keys);
         let mut over = 0u64;
         // A key pushed in two windows appears twice; its last reply is the latest state.
         let mut last: HashMap<&str, usize> = HashMap::new();
         for (i, s) in entries.iter().enumerate() {
             last.insert(&s.key, i);
         }
-        for (key, i) in last {
-            let (sent, global) = (&entries[i], states[i]);
-            over = over.saturating_add(over_limit(&sent.policy, global));
-            let Some(entry) = keys.get_mut(key) else {
-                continue; // reset while the sync was on its way
-            };
-            if entry.policy != sent.policy {
-                continue;
-            }
-            let Some(mut state) = from_global(&entry.policy, global, Some(&entry.state), now)
-            else {
-                continue;
-            };
-            for &(end, units) in &entry.pending {
-                add_units(&entry.policy, &mut state, end, units, now);
-            }
-            entry.state = state;
-            if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 1) {
-                entry.quiet_until = if d.allowed || d.retry_after == Decision::NEVER {
-                    Timestamp::EPOCH
-                } else {
-                    now.saturating_add(d.retry_after)
-                };
-            }
-            if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 0) {
-                entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
-                entry.allowance = self.share(d.remaining);
+        let last: Vec<(&str, usize)> = last.into_iter().collect();
+        // The keys are updated a chunk at a time, each under the lock on its own, so that
+        // requests are not held up behind a sync of many keys; every key's update reads its
+        // entry as it is then, so none depends on the others.
+        for chunk in last.chunks(APPLY_CHUNK) {
+            let mut keys = lock(&inner.keys);
+            for &(key, i) in chunk {
+                over = over.saturating_add(self.apply_one(
+                    &mut keys,
+                    key,
+                    &entries[i],
+                    states[i],
+                    now,
+                ));
             }
         }
         inner.over_admitted.fetch_add(over, Ordering::Relaxed);
         inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
+    }
+
+    /// Lays one key's global state under its units admitted since; the units the state shows
+    /// beyond the limit.
+    fn apply_one(
+        &self,
+        keys: &mut HashMap<String, Entry>,
+        key: &str,
+        sent: &SyncEntry,
+        global: GlobalState,
+        now: Timestamp,
+    ) -> u64 {
+        let over = over_limit(&sent.policy, global);
+        let Some(entry) = keys.get_mut(key) else {
+            return over; // reset while the sync was on its way
+        };
+        if entry.policy != sent.policy {
+            return over;
+        }
+        let Some(mut state) = from_global(&entry.policy, global, Some(&entry.state), now) else {
+            return over;
+        };
+        for &(end, units) in &entry.pending {
+            add_units(&entry.policy, &mut state, end, units, now);
+        }
+        entry.state = state;
+        if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 1) {
+            entry.quiet_until = if d.allowed || d.retry_after == Decision::NEVER {
+                Timestamp::EPOCH
+            } else {
+                now.saturating_add(d.retry_after)
+            };
+        }
+        if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 0) {
+            entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
+            entry.allowance = self.share(d.remaining);
+        }
+        over
     }
 
     /// This instance's share of `remaining` units until the next sync: all of them when it is
@@ -509,6 +533,10 @@ impl<C: Clock + 'static> HybridStore<C> {
         Ok(decisions)
     }
 }
+
+/// How many keys a sync's answer updates under one hold of the key map's lock: small enough
+/// that a request waits microseconds behind it, large enough that the lock is taken rarely.
+const APPLY_CHUNK: usize = 256;
 
 /// A name for this store in the registry of live instances: its process, the wall-clock time
 /// it started and its number within the process, which no two live stores share.
