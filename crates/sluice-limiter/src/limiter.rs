@@ -227,11 +227,11 @@ impl Limiter {
         // refused and the other enforced limits are only looked at.
         let mut hits: Vec<(usize, (Decision, bool))> = Vec::new();
         for (i, p) in planned.iter().enumerate() {
-            if p.mode.enforces()
-                && request.descriptors[p.descriptor].envoy_hits
-                && over_policy(&p.policy).is_some()
-            {
-                hits.push((i, self.check_envoy_hits(p).await));
+            if !p.mode.enforces() || !request.descriptors[p.descriptor].envoy_hits {
+                continue;
+            }
+            if let Some(over) = over_policy(&p.policy) {
+                hits.push((i, self.check_envoy_hits(p, over).await));
             }
         }
         let hits_over = hits.iter().any(|(_, (d, _))| !d.allowed);
@@ -417,18 +417,15 @@ impl Limiter {
     }
 
     /// Envoy's per-descriptor `hits_addend` on an Envoy-style limit `p`, counted as
-    /// envoyproxy/ratelimit counts it. The counter holds at most its limit; what a report adds
-    /// beyond it goes to a second counter of the same window (the key with `:over`), so the
-    /// count is the two together:
+    /// envoyproxy/ratelimit counts it (`over` is [`over_policy`] of its policy). The counter
+    /// holds at most its limit; what a report adds beyond it goes to a second counter of the
+    /// same window (the key with `:over`), so the count is the two together:
     /// - a cost of 0 is over the limit only when the count is above it (at exactly the limit it
     ///   passes, as in Envoy);
     /// - a cost that fits is counted like any other; one that does not is counted anyway: what
     ///   fits fills the limit and the rest goes over it, in one atomic call (taken again if a
     ///   concurrent request took the room meanwhile), and the answer is `OVER_LIMIT`.
-    async fn check_envoy_hits(&self, p: &Planned) -> (Decision, bool) {
-        let Some(over) = over_policy(&p.policy) else {
-            return self.check_one(p).await;
-        };
+    async fn check_envoy_hits(&self, p: &Planned, over: Policy) -> (Decision, bool) {
         let over = Planned {
             key: over_key(&p.key),
             policy: Arc::new(over),
