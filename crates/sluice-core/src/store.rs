@@ -80,6 +80,17 @@ pub trait Store: Send + Sync + 'static {
         checks: &[Check<'_>],
     ) -> impl Future<Output = StoreResult<Vec<Decision>>> + Send;
 
+    /// Decides one check at once, when the store can without waiting because its counters are
+    /// in this process: the decision [`Store::check`] gives for `&[check]`, without its future
+    /// and vector. `None` when the store has to wait (on a network, say); the caller then goes
+    /// through [`Store::check`]. The single-check path of every front end tries it first, so
+    /// the memory store decides there without an allocation.
+    ///
+    /// The default is `None`, for stores that always wait.
+    fn check_now(&self, _check: Check<'_>) -> Option<StoreResult<Decision>> {
+        None
+    }
+
     /// The decision a cost-0 check would get, without creating or changing any state.
     fn peek(
         &self,
@@ -114,6 +125,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait DynStore: Send + Sync + 'static {
     /// See [`Store::check`].
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, StoreResult<Vec<Decision>>>;
+    /// See [`Store::check_now`]: a single check without a box, where the store can.
+    fn check_now(&self, check: Check<'_>) -> Option<StoreResult<Decision>>;
     /// See [`Store::peek`].
     fn peek<'a>(&'a self, key: &'a str, policy: &'a Policy)
     -> BoxFuture<'a, StoreResult<Decision>>;
@@ -128,6 +141,10 @@ pub trait DynStore: Send + Sync + 'static {
 impl<S: Store> DynStore for S {
     fn check<'a>(&'a self, checks: &'a [Check<'a>]) -> BoxFuture<'a, StoreResult<Vec<Decision>>> {
         Box::pin(Store::check(self, checks))
+    }
+
+    fn check_now(&self, check: Check<'_>) -> Option<StoreResult<Decision>> {
+        Store::check_now(self, check)
     }
 
     fn peek<'a>(

@@ -346,3 +346,34 @@ fn the_memory_store_holds_every_policy() {
         assert_eq!(shared.supports(&policy), Ok(()));
     }
 }
+
+#[test]
+fn check_now_counts_on_the_same_counter_as_check() {
+    // The front ends' single-check path (`DynStore::check_now`) and the general one
+    // (`DynStore::check`) must be one counter, whichever a request takes.
+    use sluice_core::DynStore;
+
+    let (_, store) = frozen_store();
+    let store: &dyn DynStore = &store;
+    let policy = per_hour(3);
+    let check = Check::new("k", &policy, 1);
+    let now = |s: &dyn DynStore| {
+        s.check_now(check)
+            .expect("the memory store decides at once")
+    };
+    let through_check = |s: &dyn DynStore| {
+        let mut ready = s.check(std::slice::from_ref(&check));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match ready.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(ds) => ds.unwrap()[0],
+            std::task::Poll::Pending => panic!("the memory store never waits"),
+        }
+    };
+    assert_eq!(now(store).unwrap().remaining, 2);
+    assert_eq!(through_check(store).remaining, 1);
+    assert_eq!(now(store).unwrap().remaining, 0);
+    assert!(!through_check(store).allowed);
+    let refused = now(store).unwrap();
+    assert!(!refused.allowed);
+    assert_eq!(refused.limit, 3);
+}

@@ -222,6 +222,31 @@ impl Limiter {
             }
         }
 
+        // The usual request: one enforced limit, not counted Envoy's way. Its check goes to the
+        // store on its own ([`Limiter::check_one`]), without the groups and vectors below; with
+        // one check, quota mode has nothing to drop and retry.
+        if planned.len() == 1
+            && planned[0].mode.enforces()
+            && !self.counts_envoy_hits(request, &planned[0])
+        {
+            let p = planned.pop().expect("one planned check");
+            let (decision, store_failed) = self.check_one(&p).await;
+            let descriptor = p.descriptor;
+            let allowed = decision.allowed
+                || (global_quota
+                    && any_quota_passes(request.descriptors.len(), &matches.unlimited, |i| {
+                        i == descriptor
+                    }));
+            let mut verdict = Verdict {
+                allowed,
+                limits: Vec::with_capacity(1),
+                unlimited: matches.unlimited,
+            };
+            self.record(&rules, request, p, decision, store_failed, &mut verdict);
+            self.metrics.observe_latency(started.elapsed());
+            return Ok(verdict);
+        }
+
         // Envoy's per-descriptor hits_addend on Envoy-style limits is counted as Envoy counts
         // it, first and on its own (`check_envoy_hits`); when it goes over, the request is
         // refused and the other enforced limits are only looked at.
@@ -264,13 +289,12 @@ impl Limiter {
         // rule matched counts as a quota descriptor that passed, as Envoy counts it.
         let allowed = !hits_over
             && (a.allowed
-                || (global_quota
-                    && any_quota_passes(
-                        &planned,
-                        &a,
-                        request.descriptors.len(),
-                        &matches.unlimited,
-                    )));
+                || (global_quota && {
+                    let refused = refused_descriptors(&planned, &a);
+                    any_quota_passes(request.descriptors.len(), &matches.unlimited, |i| {
+                        refused.contains(&i)
+                    })
+                }));
         // Each planned check's decision, and whether it came from the fallback. With no shadow
         // or soft limit and no Envoy hits (the usual case), the enforced group is every check,
         // in order.
@@ -295,46 +319,58 @@ impl Limiter {
             unlimited: matches.unlimited,
         };
         for (p, r) in planned.into_iter().zip(results) {
-            let Some((decision, store_failed)) = r else {
-                continue;
-            };
-            let enforced = p.mode.enforces();
-            let outcome = match (decision.allowed, enforced, store_failed) {
-                (_, _, true) => Outcome::StoreError,
-                (true, _, _) => Outcome::Allowed,
-                (false, true, _) => Outcome::Limited,
-                (false, false, _) => Outcome::ShadowLimited,
-            };
-            let name: Arc<str> = match &p.rule {
-                Some(r) => r.name.clone().unwrap_or_else(|| r.path.clone()),
-                None => Arc::from("override"),
-            };
-            let per_value = p
-                .rule
-                .as_ref()
-                .and_then(|r| r.metric_label(&request.descriptors[p.descriptor]));
-            match (&p.rule, per_value) {
-                (_, Some(label)) => self.metrics.decision(&request.domain, &label, outcome),
-                (Some(rule), None) => self.count(&rules, rule, &request.domain, &name, outcome),
-                (None, None) => self.metrics.decision(&request.domain, &name, outcome),
+            if let Some((decision, store_failed)) = r {
+                self.record(&rules, request, p, decision, store_failed, &mut verdict);
             }
-            if outcome == Outcome::Limited {
-                self.metrics.limited_key(&p.key);
-            }
-            verdict.limits.push(LimitResult {
-                descriptor: p.descriptor,
-                key: p.key,
-                name,
-                policy: p.policy,
-                rule: p.rule,
-                mode: p.mode,
-                quota: p.quota,
-                decision,
-                outcome,
-            });
         }
         self.metrics.observe_latency(started.elapsed());
         Ok(verdict)
+    }
+
+    /// Adds the decision of planned check `p` to `verdict`, and counts it in the metrics.
+    fn record(
+        &self,
+        rules: &Arc<RuleSet>,
+        request: &LimitRequest,
+        p: Planned,
+        decision: Decision,
+        store_failed: bool,
+        verdict: &mut Verdict,
+    ) {
+        let enforced = p.mode.enforces();
+        let outcome = match (decision.allowed, enforced, store_failed) {
+            (_, _, true) => Outcome::StoreError,
+            (true, _, _) => Outcome::Allowed,
+            (false, true, _) => Outcome::Limited,
+            (false, false, _) => Outcome::ShadowLimited,
+        };
+        let name: Arc<str> = match &p.rule {
+            Some(r) => r.name.clone().unwrap_or_else(|| r.path.clone()),
+            None => Arc::from("override"),
+        };
+        let per_value = p
+            .rule
+            .as_ref()
+            .and_then(|r| r.metric_label(&request.descriptors[p.descriptor]));
+        match (&p.rule, per_value) {
+            (_, Some(label)) => self.metrics.decision(&request.domain, &label, outcome),
+            (Some(rule), None) => self.count(rules, rule, &request.domain, &name, outcome),
+            (None, None) => self.metrics.decision(&request.domain, &name, outcome),
+        }
+        if outcome == Outcome::Limited {
+            self.metrics.limited_key(&p.key);
+        }
+        verdict.limits.push(LimitResult {
+            descriptor: p.descriptor,
+            key: p.key,
+            name,
+            policy: p.policy,
+            rule: p.rule,
+            mode: p.mode,
+            quota: p.quota,
+            decision,
+            outcome,
+        });
     }
 
     /// Counts a decision of `rule`, from `rules`, on its cached counter.
@@ -472,10 +508,37 @@ impl Limiter {
         (first, false)
     }
 
-    /// One planned check on its own.
+    /// Whether planned check `p` counts Envoy's `hits_addend` Envoy's way
+    /// ([`Limiter::check_envoy_hits`]): an enforced Envoy-style limit of a descriptor that sent
+    /// one.
+    fn counts_envoy_hits(&self, request: &LimitRequest, p: &Planned) -> bool {
+        p.mode.enforces()
+            && request.descriptors[p.descriptor].envoy_hits
+            && over_policy(&p.policy).is_some()
+    }
+
+    /// One planned check on its own: decided at once where the store can
+    /// ([`DynStore::check_now`], the memory store), without a boxed future or a vector, and
+    /// through [`DynStore::check`] otherwise.
     async fn check_one(&self, p: &Planned) -> (Decision, bool) {
-        let (ds, failed) = self.check_group(std::slice::from_ref(p), &[0], false).await;
-        (ds[0], failed)
+        let check = Check::new(&p.key, &p.policy, p.cost);
+        let result = match self.store.check_now(check) {
+            Some(result) => result,
+            None => self
+                .store
+                .check(std::slice::from_ref(&check))
+                .await
+                .map(|ds| ds[0]),
+        };
+        match result {
+            Ok(d) => (d, false),
+            Err(e) => {
+                let ds = self
+                    .without_store(std::slice::from_ref(p), &[0], &[check], &e)
+                    .await;
+                (ds[0], true)
+            }
+        }
     }
 
     /// Checks the planned checks at `which` atomically; returns their decisions, and whether
@@ -499,27 +562,35 @@ impl Limiter {
             .collect();
         match self.store.check(&checks).await {
             Ok(decisions) => (decisions, false),
-            Err(e) => {
-                let before = self.metrics.store_error();
-                // The first errors of an outage, then every power of two: enough to see it
-                // start and last, without a log line per request while the store is down.
-                if before < 8 || before.is_power_of_two() {
-                    tracing::warn!(error = %e, transient = e.is_transient(), errors_so_far = before + 1, "store failed; applying on_store_error");
-                }
-                let modes: Vec<OnStoreError> = which
-                    .iter()
-                    .map(|&i| {
-                        planned[i]
-                            .rule
-                            .as_ref()
-                            .map_or(OnStoreError::Allow, |r| r.on_store_error)
-                    })
-                    .collect();
-                let decisions =
-                    decide_without_store(&checks, &modes, &self.local, self.deny_retry).await;
-                (decisions, true)
-            }
+            Err(e) => (self.without_store(planned, which, &checks, &e).await, true),
         }
+    }
+
+    /// The decisions of `checks` (the planned checks at `which`) when the store failed with
+    /// `e`: each rule's `on_store_error`.
+    async fn without_store(
+        &self,
+        planned: &[Planned],
+        which: &[usize],
+        checks: &[Check<'_>],
+        e: &sluice_core::StoreError,
+    ) -> Vec<Decision> {
+        let before = self.metrics.store_error();
+        // The first errors of an outage, then every power of two: enough to see it start and
+        // last, without a log line per request while the store is down.
+        if before < 8 || before.is_power_of_two() {
+            tracing::warn!(error = %e, transient = e.is_transient(), errors_so_far = before + 1, "store failed; applying on_store_error");
+        }
+        let modes: Vec<OnStoreError> = which
+            .iter()
+            .map(|&i| {
+                planned[i]
+                    .rule
+                    .as_ref()
+                    .map_or(OnStoreError::Allow, |r| r.on_store_error)
+            })
+            .collect();
+        decide_without_store(checks, &modes, &self.local, self.deny_retry).await
     }
 }
 
@@ -558,21 +629,25 @@ struct Enforced {
     decisions: Vec<(Decision, bool)>,
 }
 
-/// Under the service-wide quota mode, whether some descriptor passes: one that is not
-/// unlimited and none of whose enforced limits refused (one without any limit included).
-fn any_quota_passes(
-    planned: &[Planned],
-    enforced: &Enforced,
-    descriptors: usize,
-    unlimited: &[usize],
-) -> bool {
+/// The descriptors with an enforced limit that refused, among the enforced limits' decisions.
+fn refused_descriptors(planned: &[Planned], enforced: &Enforced) -> Vec<usize> {
     let enforced_positions = (0..planned.len()).filter(|&i| planned[i].mode.enforces());
-    let refused: Vec<usize> = enforced_positions
+    enforced_positions
         .zip(&enforced.decisions)
         .filter(|(_, (d, _))| !d.allowed)
         .map(|(i, _)| planned[i].descriptor)
-        .collect();
-    (0..descriptors).any(|i| !unlimited.contains(&i) && !refused.contains(&i))
+        .collect()
+}
+
+/// Under the service-wide quota mode, whether some descriptor passes: one that is not
+/// unlimited and none of whose enforced limits refused (`refused`; one without any limit
+/// included).
+fn any_quota_passes(
+    descriptors: usize,
+    unlimited: &[usize],
+    refused: impl Fn(usize) -> bool,
+) -> bool {
+    (0..descriptors).any(|i| !unlimited.contains(&i) && !refused(i))
 }
 
 /// A check for a per-request limit override: a fixed window aligned on the epoch, as Envoy's,

@@ -408,6 +408,10 @@ impl<C: Clock + 'static> Store for MemoryStore<C> {
         }
     }
 
+    fn check_now(&self, check: Check<'_>) -> Option<StoreResult<Decision>> {
+        Some(self.check_one(check))
+    }
+
     async fn peek(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {
         Ok(self.peek_one(key, policy))
     }
