@@ -229,7 +229,7 @@ impl Server {
             headers: options.http_headers,
             envoy: options.envoy.clone(),
         };
-        let app = api::router(state);
+        let app = api::ApiService::new(state);
         tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
             http,
             app,

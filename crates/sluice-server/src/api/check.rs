@@ -2,20 +2,18 @@
 //! status describes, and the headers a gateway would set. Unlike Envoy's `/json`, it keeps the
 //! true remainder of every limit, shadow ones included.
 
-use axum::body::Body;
-use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use sluice_http::admin::secs;
 use sluice_http::problem::Problem;
 
-use super::{ApiState, decide, status_of};
+use super::{ApiBody, ApiState, decide, status_of};
 
 /// `POST /v1/check`.
-pub(super) async fn check(State(state): State<ApiState>, body: Body) -> Result<Response, Problem> {
+pub(super) async fn answer(state: &ApiState, body: impl ApiBody) -> Result<Response, Problem> {
     let super::Decided {
         request, verdict, ..
-    } = decide(&state, body).await?;
+    } = decide(state, body).await?;
     let descriptors: Vec<Value> = (0..request.descriptors.len())
         .map(|i| {
             let limits: Vec<Value> = verdict

@@ -5,12 +5,19 @@ mod check;
 mod envoy_json;
 mod json_request;
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::http::StatusCode;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{Method, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use http_body_util::{BodyExt, Limited};
 use serde::de::DeserializeOwned;
 use sluice_http::admin::{self, AdminState};
 use sluice_http::problem::Problem;
@@ -30,6 +37,75 @@ pub struct ApiState {
     pub envoy: crate::compat::EnvoyAnswers,
 }
 
+/// The service `sluice serve` answers HTTP with: [`router`], except that the two decision
+/// endpoints (`POST /json` and `POST /v1/check`) are called directly, without the router's
+/// matching, its extensions and its boxed body, which cost more than the JSON they answer.
+/// Every other request (a decision endpoint under another method included) goes through the
+/// router, so its answers, 404 and 405 among them, are the router's.
+#[derive(Debug, Clone)]
+pub struct ApiService {
+    /// Shared, so that a request's copy is one reference count, not the settings' strings.
+    state: Arc<ApiState>,
+    router: Router,
+}
+
+impl ApiService {
+    /// The service over `state`.
+    pub fn new(state: ApiState) -> Self {
+        ApiService {
+            router: router(state.clone()),
+            state: Arc::new(state),
+        }
+    }
+}
+
+/// A request body the API reads.
+trait ApiBody: http_body::Body<Data = Bytes, Error: Into<axum::BoxError>> + Send + 'static {}
+
+impl<B> ApiBody for B where
+    B: http_body::Body<Data = Bytes, Error: Into<axum::BoxError>> + Send + 'static
+{
+}
+
+impl<B> tower_service::Service<Request<B>> for ApiService
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The router is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        if request.method() == Method::POST {
+            let state = Arc::clone(&self.state);
+            match request.uri().path() {
+                "/json" => {
+                    return Box::pin(async move {
+                        Ok(envoy_json::answer(&state, request.into_body())
+                            .await
+                            .into_response())
+                    });
+                }
+                "/v1/check" => {
+                    return Box::pin(async move {
+                        Ok(check::answer(&state, request.into_body())
+                            .await
+                            .into_response())
+                    });
+                }
+                _ => {}
+            }
+        }
+        Box::pin(tower_service::Service::call(&mut self.router, request))
+    }
+}
+
 /// The router. Serve it with `into_make_service_with_connect_info::<SocketAddr>()`, which the
 /// admin endpoints need to tell loopback peers apart.
 pub fn router(state: ApiState) -> Router {
@@ -38,8 +114,22 @@ pub fn router(state: ApiState) -> Router {
         admin_token: state.admin_token.clone(),
     });
     Router::new()
-        .route("/json", post(envoy_json::envoy_json))
-        .route("/v1/check", post(check::check))
+        .route(
+            "/json",
+            post(
+                |State(state): State<ApiState>, body: axum::body::Body| async move {
+                    envoy_json::answer(&state, body).await
+                },
+            ),
+        )
+        .route(
+            "/v1/check",
+            post(
+                |State(state): State<ApiState>, body: axum::body::Body| async move {
+                    check::answer(&state, body).await
+                },
+            ),
+        )
         .route("/healthcheck", get(healthcheck))
         .with_state(state)
         .merge(admin)
@@ -52,10 +142,12 @@ pub fn router(state: ApiState) -> Router {
 }
 
 /// Reads a JSON body of at most [`MAX_BODY`] bytes into `T`, naming the field at fault.
-async fn read_json<T: DeserializeOwned>(body: Body) -> Result<T, Problem> {
-    let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY)
+async fn read_json<T: DeserializeOwned>(body: impl ApiBody) -> Result<T, Problem> {
+    let bytes: Bytes = Limited::new(body, MAX_BODY)
+        .collect()
         .await
-        .map_err(|e| body_problem(&e))?;
+        .map_err(|e| body_problem(&*e))?
+        .to_bytes();
     // Plain parsing is the fast path; only a body that fails is parsed again, tracking the
     // path, to name the field at fault.
     if let Ok(value) = serde_json::from_slice(&bytes) {
@@ -73,7 +165,7 @@ async fn read_json<T: DeserializeOwned>(body: Body) -> Result<T, Problem> {
 
 /// A body that could not be read: too large (413), or malformed on the wire, such as a broken
 /// chunked encoding or a connection that ended early (400).
-fn body_problem(e: &axum::Error) -> Problem {
+fn body_problem(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Problem {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
         if err.is::<http_body_util::LengthLimitError>() {
@@ -96,7 +188,7 @@ struct Decided {
 }
 
 /// Reads a request body and decides it.
-async fn decide(state: &ApiState, body: Body) -> Result<Decided, Problem> {
+async fn decide(state: &ApiState, body: impl ApiBody) -> Result<Decided, Problem> {
     let (request, sent_cost) = read_json::<json_request::JsonRequest>(body)
         .await?
         .into_limit_request()?;
@@ -114,9 +206,7 @@ async fn decide(state: &ApiState, body: Body) -> Result<Decided, Problem> {
 
 /// envoyproxy/ratelimit's health check: OK while the service serves, unless it must have rules
 /// and has none.
-async fn healthcheck(
-    axum::extract::State(state): axum::extract::State<ApiState>,
-) -> (StatusCode, &'static str) {
+async fn healthcheck(State(state): State<ApiState>) -> (StatusCode, &'static str) {
     if state.envoy.healthy_needs_rules && state.limiter.reloader().rules().domain_names().is_empty()
     {
         (StatusCode::INTERNAL_SERVER_ERROR, "no rules loaded")
