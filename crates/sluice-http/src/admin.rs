@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,6 +18,7 @@ use sluice_core::{Decision, Policy};
 use sluice_limiter::Limiter;
 use sluice_rules::{DescriptorConfig, ReloadEvent, Unit};
 
+use crate::PeerAddr;
 use crate::problem::Problem;
 
 /// What the admin handlers share.
@@ -163,7 +164,7 @@ fn describe_descriptor(d: &DescriptorConfig) -> Value {
 
 async fn rules(
     State(state): State<AdminState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    PeerAddr(peer): PeerAddr,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     authorize(&state, peer, &headers)?;
@@ -184,7 +185,7 @@ pub(crate) fn rules_json(limiter: &Limiter) -> Value {
 
 async fn reload(
     State(state): State<AdminState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    PeerAddr(peer): PeerAddr,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     authorize(&state, peer, &headers)?;
@@ -228,7 +229,7 @@ fn policy_for_key(state: &AdminState, counter: &str) -> Result<Arc<Policy>, Prob
 
 async fn inspect_key(
     State(state): State<AdminState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    PeerAddr(peer): PeerAddr,
     headers: HeaderMap,
     Path(counter): Path<String>,
 ) -> Result<Response, Problem> {
@@ -254,7 +255,7 @@ async fn inspect_key(
 
 async fn reset_key(
     State(state): State<AdminState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    PeerAddr(peer): PeerAddr,
     headers: HeaderMap,
     Path(counter): Path<String>,
 ) -> Result<Response, Problem> {

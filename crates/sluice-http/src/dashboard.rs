@@ -5,15 +5,15 @@
 //! answering loopback peers, or others with the admin token (which the page sends when its URL
 //! carries `#token=…`).
 
-use std::net::SocketAddr;
 
-use axum::extract::{ConnectInfo, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use sluice_limiter::Limiter;
 use sluice_limiter::activity::{History, now_ms};
 
+use crate::PeerAddr;
 use crate::admin::{AdminState, authorize, rules_json};
 use crate::problem::Problem;
 
@@ -43,7 +43,7 @@ pub(crate) async fn page() -> Response {
 
 pub(crate) async fn data(
     State(state): State<AdminState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    PeerAddr(peer): PeerAddr,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     authorize(&state, peer, &headers)?;

@@ -57,7 +57,7 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Accepts connections on `listener` until `stopped` turns true, serving each with `service`
 /// (HTTP/1.1 and h2), then lets the requests in flight finish. Each request carries the peer's
-/// address as [`PeerAddr`] (and as axum's `ConnectInfo`).
+/// address as [`PeerAddr`], which axum handlers extract as they would `ConnectInfo`.
 pub async fn serve_connections<S, B>(
     listener: TcpListener,
     service: S,
@@ -129,11 +129,9 @@ pub async fn serve_connections<S, B>(
         let service = service.clone();
         // Every request carries the peer's address.
         let with_peer = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            // One extension, not axum's `ConnectInfo` as well: each costs an allocation per
+            // request, and `PeerAddr` extracts in axum handlers too.
             request.extensions_mut().insert(PeerAddr(peer));
-            #[cfg(feature = "axum")]
-            request
-                .extensions_mut()
-                .insert(axum::extract::ConnectInfo(peer));
             let mut service = service.clone();
             async move {
                 std::future::poll_fn(|cx| service.poll_ready(cx)).await?;

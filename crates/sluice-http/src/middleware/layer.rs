@@ -17,11 +17,36 @@ use crate::enforce::{DEFAULT_MAX_DELAYED, Enforcer};
 use crate::extract::{Extracted, extract};
 use sluice_limiter::{HeaderStyle, LimitRequest, Limiter, Metrics, RequestDescriptor};
 
-/// The socket peer of a request, as a request extension. The gateway sets it; under axum the
-/// layer also reads `ConnectInfo<SocketAddr>` (with the `axum` feature). Without either, the
-/// client IP is unknown and reads as `0.0.0.0`.
+/// The socket peer of a request, as a request extension. [`crate::serve::serve_connections`]
+/// sets it; under axum the layer also reads `ConnectInfo<SocketAddr>` (with the `axum`
+/// feature). Without either, the client IP is unknown and reads as `0.0.0.0`.
+///
+/// With the `axum` feature it is also an extractor, which reads either, so that a handler works
+/// both behind `serve_connections` and under `into_make_service_with_connect_info`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
+
+#[cfg(feature = "axum")]
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PeerAddr {
+    type Rejection = (http::StatusCode, &'static str);
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        if let Some(peer) = parts.extensions.get::<PeerAddr>() {
+            return Ok(*peer);
+        }
+        match parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        {
+            Some(axum::extract::ConnectInfo(a)) => Ok(PeerAddr(*a)),
+            None => Err((
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "the peer address is unknown: serve with serve_connections or \
+                 into_make_service_with_connect_info",
+            )),
+        }
+    }
+}
 
 /// The domain of the rule set [`SharedLimitLayer::with_policy`] builds.
 const POLICY_DOMAIN: &str = "layer";
