@@ -21,6 +21,7 @@ pub mod compat;
 pub mod debug;
 pub mod envoy;
 pub mod grpc;
+mod grpc_workers;
 pub mod metadata;
 pub mod xds;
 
@@ -276,7 +277,7 @@ impl Server {
         let rls = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
             .with_answers(options.envoy.clone())
             .into_server();
-        let mut grpc_stop = stopped.clone();
+        let grpc_stop = stopped.clone();
         let limits = options.connections;
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &options.grpc_tls {
@@ -284,23 +285,15 @@ impl Server {
                 .tls_config(tls_config(tls))
                 .map_err(|e| StartError::Tls(e.to_string()))?;
         }
-        tasks.push(tokio::spawn(async move {
-            let incoming = tokio_stream_listener(grpc);
-            let shutdown = async move {
-                let _ = grpc_stop.wait_for(|s| *s).await;
-            };
-            // An h2 client that stops answering pings is dropped.
-            let served = builder
-                .http2_keepalive_interval(Some(limits.h2_keep_alive))
-                .http2_keepalive_timeout(Some(limits.h2_keep_alive))
-                .add_service(health)
-                .add_service(rls)
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "gRPC server failed");
-            }
-        }));
+        // An h2 client that stops answering pings is dropped.
+        builder = builder
+            .http2_keepalive_interval(Some(limits.h2_keep_alive))
+            .http2_keepalive_timeout(Some(limits.h2_keep_alive));
+        let routes = tonic::service::Routes::new(health).add_service(rls);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        tasks.push(tokio::spawn(grpc_workers::serve(
+            grpc, builder, routes, threads, grpc_stop,
+        )));
         let sampler = sluice_limiter::activity::sample_every(
             &limiter,
             std::time::Duration::from_secs(1),
@@ -366,9 +359,4 @@ fn tls_config(tls: &GrpcTls) -> tonic::transport::ServerTlsConfig {
 
 fn local(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
     listener.local_addr().unwrap_or(fallback)
-}
-
-/// Accepted connections from `listener`, as tonic's `serve_with_incoming` takes them.
-fn tokio_stream_listener(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
