@@ -36,7 +36,7 @@ use sluice_core::{
     Check, Clock, Decision, Policy, Store, StoreError, StoreResult, SystemClock, Timestamp,
     UnsupportedPolicy,
 };
-use sluice_redis::{GlobalState, RedisStats, RedisStore, SyncEntry, hybrid_supports};
+use sluice_redis::{Claimant, RedisStats, RedisStore, SyncEntry, Synced, hybrid_supports};
 
 /// How a hybrid store syncs, and how much it keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,9 +75,15 @@ struct Entry {
     quiet_until: Timestamp,
     /// When the counter is full again: after that, and with nothing pending, the entry can go.
     expires: Timestamp,
-    /// Units this instance may still admit before the next sync: its share of what the limit had
-    /// left at the last sync, split evenly between the live instances.
+    /// Units this instance may still admit before the next sync: what its last sync was granted
+    /// and reserved in Redis for it (or, for a key it has not synced yet, its share of the
+    /// limit).
     allowance: u64,
+    /// Until when the allowance may be used: its claim in Redis expires unless a sync renews it.
+    allowance_until: Timestamp,
+    /// Units asked of this key here since the last sync, admitted or not: what the instance
+    /// keeps of its allowance while a sync is on its way.
+    wanted: u64,
 }
 
 impl Entry {
@@ -109,6 +115,29 @@ impl Entry {
 
     fn pending_units(&self) -> u64 {
         self.pending.iter().map(|(_, u)| u).sum()
+    }
+
+    /// What may still be admitted here at `now` before the next sync.
+    fn allowance_at(&self, now: Timestamp) -> u64 {
+        if now < self.allowance_until {
+            self.allowance
+        } else {
+            0
+        }
+    }
+
+    /// A new entry, with the share of a key not synced yet.
+    fn new(policy: &Policy, state: Local, expires: Timestamp, share: u64) -> Entry {
+        Entry {
+            policy: policy.clone(),
+            state,
+            pending: Vec::new(),
+            quiet_until: Timestamp::EPOCH,
+            expires,
+            allowance: share,
+            allowance_until: Timestamp::from_nanos(u64::MAX),
+            wanted: 0,
+        }
     }
 }
 
@@ -156,6 +185,8 @@ struct Inner<C> {
     last_sync: AtomicU64,
     syncs: AtomicU64,
     sync_failures: AtomicU64,
+    /// Whether the last sync that had keys failed: Redis is away until one succeeds.
+    away: std::sync::atomic::AtomicBool,
     over_admitted: AtomicU64,
     dropped: AtomicU64,
     /// This instance's name in the registry of live instances.
@@ -198,6 +229,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 last_sync: AtomicU64::new(now),
                 syncs: AtomicU64::new(0),
                 sync_failures: AtomicU64::new(0),
+                away: std::sync::atomic::AtomicBool::new(false),
                 over_admitted: AtomicU64::new(0),
                 dropped: AtomicU64::new(0),
                 id: instance_id(),
@@ -268,15 +300,26 @@ impl<C: Clock + 'static> HybridStore<C> {
             let mut keys = lock(&inner.keys);
             keys.retain(|_, e| !e.pending.is_empty() || e.expires > now);
             for (key, e) in keys.iter_mut() {
+                if e.pending.is_empty() && e.quiet_until > now {
+                    continue;
+                }
+                // Of its allowance, the instance keeps twice what this key was asked for since
+                // the last sync, for the requests it admits while this one is on its way (which
+                // may take longer than the last); the rest is given back. It asks for as much
+                // again until the next sync.
+                let want = e.wanted.saturating_mul(2);
+                let keep = e.allowance_at(now).min(want);
+                e.allowance = keep;
+                e.wanted = 0;
                 if e.pending.is_empty() {
-                    if e.quiet_until > now {
-                        continue;
-                    }
                     entries.push(SyncEntry {
                         key: key.clone(),
                         policy: e.policy.clone(),
                         units: 0,
                         to_end_nanos: 0,
+                        keep,
+                        want,
+                        share: self.share(e.policy.limit()).min(e.policy.limit()),
                     });
                     continue;
                 }
@@ -287,6 +330,9 @@ impl<C: Clock + 'static> HybridStore<C> {
                         policy: e.policy.clone(),
                         units,
                         to_end_nanos: i64::try_from(to_end).unwrap_or(i64::MIN),
+                        keep,
+                        want,
+                        share: self.share(e.policy.limit()).min(e.policy.limit()),
                     });
                 }
             }
@@ -294,7 +340,7 @@ impl<C: Clock + 'static> HybridStore<C> {
         // The heartbeat goes with every sync that has keys to push or read, and on its own when
         // half its time to live has passed: an idle instance stays counted, at one call per
         // quarter of a second, and every key idle or negative-cached costs nothing.
-        let ttl = (inner.options.sync_interval * 20).max(Duration::from_millis(500));
+        let ttl = self.claim_ttl();
         let beat_due = now
             .as_nanos()
             .saturating_sub(inner.last_beat.load(Ordering::Relaxed))
@@ -303,9 +349,16 @@ impl<C: Clock + 'static> HybridStore<C> {
             inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
             return Ok(());
         }
+        let claimant = Claimant {
+            id: &inner.id,
+            ttl,
+            instances: inner.instances.load(Ordering::Relaxed),
+        };
         let (beat, synced) = tokio::join!(
             inner.redis.heartbeat(&inner.id, ttl),
-            inner.redis.sync_batch(&entries, inner.options.batch)
+            inner
+                .redis
+                .sync_batch(&entries, inner.options.batch, claimant)
         );
         if let Ok(n) = beat {
             inner.instances.store(n, Ordering::Relaxed);
@@ -317,12 +370,16 @@ impl<C: Clock + 'static> HybridStore<C> {
         }
         match synced {
             Ok(states) => {
-                self.apply(&entries, &states);
+                // A grant may be used until its claim could expire: half the claim's time to
+                // live after the sync left, which leaves room for clocks and latency.
+                self.apply(&entries, &states, now.saturating_add(ttl / 2));
                 inner.syncs.fetch_add(1, Ordering::Relaxed);
+                inner.away.store(false, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {
                 inner.sync_failures.fetch_add(1, Ordering::Relaxed);
+                inner.away.store(true, Ordering::Relaxed);
                 let mut keys = lock(&inner.keys);
                 let now = inner.clock.now();
                 for s in entries.into_iter().filter(|s| s.units > 0) {
@@ -339,7 +396,7 @@ impl<C: Clock + 'static> HybridStore<C> {
     }
 
     /// Lays the global states a sync returned under each key's units admitted since.
-    fn apply(&self, entries: &[SyncEntry], states: &[GlobalState]) {
+    fn apply(&self, entries: &[SyncEntry], states: &[Synced], until: Timestamp) {
         let inner = &self.inner;
         let now = inner.clock.now();
         let mut over = 0u64;
@@ -361,6 +418,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                     &entries[i],
                     states[i],
                     now,
+                    until,
                 ));
             }
         }
@@ -375,9 +433,11 @@ impl<C: Clock + 'static> HybridStore<C> {
         keys: &mut HashMap<String, Entry>,
         key: &str,
         sent: &SyncEntry,
-        global: GlobalState,
+        synced: Synced,
         now: Timestamp,
+        until: Timestamp,
     ) -> u64 {
+        let global = synced.state;
         let over = over_limit(&sent.policy, global);
         let Some(entry) = keys.get_mut(key) else {
             return over; // reset while the sync was on its way
@@ -401,26 +461,42 @@ impl<C: Clock + 'static> HybridStore<C> {
         }
         if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 0) {
             entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
-            entry.allowance = self.share(d.remaining);
+            // What is left of what the instance kept, and the grant reserved for it; a lone
+            // instance is bounded by the limit alone, and a key with no live window to claim in
+            // starts afresh.
+            entry.allowance = match synced.grant {
+                _ if self.alone() => u64::MAX,
+                Some(grant) => entry.allowance.saturating_add(grant),
+                None => self.share(entry.policy.limit()),
+            };
+            entry.allowance_until = until;
         }
         over
     }
 
-    /// This instance's share of `remaining` units until the next sync: all of them when it is
-    /// alone; otherwise half of an even split, at least one unit while every instance can have
-    /// one.
-    ///
-    /// Half, because the other instances' units since their own last syncs are not in
-    /// `remaining` yet: if every instance took a full `remaining / n` on a count that misses
-    /// what the others took under their previous shares, together they would overshoot. Taking
-    /// half leaves room for those, and the remainder still halves with every sync interval. The
-    /// unit floor keeps the last few units from going unused; fewer than `n` may stay unused.
+    /// This instance's share of a key it has not synced yet, whose limit leaves `remaining`
+    /// units: all of them when it is alone; otherwise half of an even split, at least one unit
+    /// while every instance can have one. Not reserved in Redis (the key has not been synced),
+    /// so half: the other instances may be taking their own shares of the same key unseen.
+    /// Once synced, a key's allowance is the grant its sync reserved instead.
     fn share(&self, remaining: u64) -> u64 {
         match self.inner.instances.load(Ordering::Relaxed) {
             0 | 1 => u64::MAX,
             n if remaining < n => 0,
             n => (remaining / (2 * n)).max(1),
         }
+    }
+
+    /// Whether this instance is the only one live: then the limit alone bounds it, and it
+    /// decides exactly as the memory store would.
+    fn alone(&self) -> bool {
+        self.inner.instances.load(Ordering::Relaxed) <= 1
+    }
+
+    /// How long an instance counts as live after its last heartbeat, and a claim holds after the
+    /// sync that made it.
+    fn claim_ttl(&self) -> Duration {
+        (self.inner.options.sync_interval * 20).max(Duration::from_millis(500))
     }
 
     /// Decides every check locally, all or nothing.
@@ -439,6 +515,11 @@ impl<C: Clock + 'static> HybridStore<C> {
                 return Err(StoreError::Full {
                     max_keys: inner.options.max_keys,
                 });
+            }
+        }
+        for c in checks.iter().filter(|c| c.cost > 0) {
+            if let Some(e) = keys.get_mut(c.key) {
+                e.wanted = e.wanted.saturating_add(c.cost);
             }
         }
         // Each check sees what the earlier checks of this request would leave on its key.
@@ -463,7 +544,16 @@ impl<C: Clock + 'static> HybridStore<C> {
             let share = keys
                 .get(c.key)
                 .filter(|e| e.policy == *c.policy)
-                .map_or_else(|| self.share(c.policy.limit()), |e| e.allowance);
+                .map_or_else(
+                    || self.share(c.policy.limit()),
+                    |e| {
+                        if self.alone() {
+                            u64::MAX
+                        } else {
+                            e.allowance_at(now)
+                        }
+                    },
+                );
             let taken: u64 = checks[..i]
                 .iter()
                 .filter(|e| e.key == c.key && e.policy == c.policy)
@@ -472,7 +562,17 @@ impl<C: Clock + 'static> HybridStore<C> {
             let share = share.saturating_sub(taken);
             if d.allowed && c.cost > share {
                 // The limit may have room, but not within this instance's share until the next
-                // sync brings a new one.
+                // sync brings a new one. If syncs have failed for so long that the claims this
+                // instance held have lapsed, Redis is away: the rule's `on_store_error` decides.
+                let lag = now.saturating_since(Timestamp::from_nanos(
+                    inner.last_sync.load(Ordering::Relaxed),
+                ));
+                if inner.away.load(Ordering::Relaxed) && lag >= self.claim_ttl() / 2 {
+                    return Err(StoreError::Unavailable(format!(
+                        "the hybrid store has not synced with Redis for {lag:?}, and this \
+                         instance's share of the limit is used up or has lapsed"
+                    )));
+                }
                 let wait = self.inner.options.sync_interval;
                 d = Decision {
                     allowed: false,
@@ -503,13 +603,10 @@ impl<C: Clock + 'static> HybridStore<C> {
                 window_end(c.policy, &state)
             };
             let fresh_share = self.share(c.policy.limit());
-            let entry = keys.entry(c.key.to_owned()).or_insert_with(|| Entry {
-                policy: c.policy.clone(),
-                state,
-                pending: Vec::new(),
-                quiet_until: Timestamp::EPOCH,
-                expires: now,
-                allowance: fresh_share,
+            let entry = keys.entry(c.key.to_owned()).or_insert_with(|| {
+                let mut fresh = Entry::new(c.policy, state, now, fresh_share);
+                fresh.wanted = c.cost;
+                fresh
             });
             if entry.policy != *c.policy {
                 // The key's policy changed with the rules: start it afresh.
@@ -584,14 +681,7 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
         } else if keys.len() < inner.options.max_keys {
             keys.insert(
                 key.to_owned(),
-                Entry {
-                    policy: policy.clone(),
-                    state: fresh,
-                    pending: Vec::new(),
-                    quiet_until: Timestamp::EPOCH,
-                    expires: watch,
-                    allowance: self.share(policy.limit()),
-                },
+                Entry::new(policy, fresh, watch, self.share(policy.limit())),
             );
         }
         Ok(d)

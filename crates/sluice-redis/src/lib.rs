@@ -46,5 +46,5 @@ pub use breaker::BreakerState;
 pub use error::ConnectError;
 pub use options::RedisOptions;
 pub use store::{RedisStats, RedisStore, supports};
-pub use sync::{GlobalState, SyncEntry, hybrid_supports};
+pub use sync::{Claimant, GlobalState, SyncEntry, Synced, hybrid_supports};
 pub use url::{RedisUrl, Topology};

@@ -32,6 +32,39 @@ pub struct SyncEntry {
     /// are dropped, never moved to the next window. For the buckets: from now to when the
     /// latest unit was admitted (zero or negative), so that refill since then is not lost.
     pub to_end_nanos: i64,
+    /// Units of the instance's last grant it keeps for what it admits while the sync is on its
+    /// way; the rest of its claim is given back.
+    pub keep: u64,
+    /// Units the instance expects to be asked for on this key until its next sync: the grant it
+    /// asks for, when the limit has that much free.
+    pub want: u64,
+    /// The units an instance may admit on a key it has not synced yet, without a claim: the
+    /// sync sets that much aside for every live instance that has no claim on the key.
+    pub share: u64,
+}
+
+/// Who a sync claims for, and how the rest of a limit is split.
+#[derive(Debug, Clone, Copy)]
+pub struct Claimant<'a> {
+    /// The instance's id, as its heartbeat names it.
+    pub id: &'a str,
+    /// How long a claim holds unless the instance's next sync renews it: an instance that
+    /// stops takes its claims with it after this.
+    pub ttl: Duration,
+    /// The live instances, among which what a limit has left is split.
+    pub instances: u64,
+}
+
+/// A key after a sync: its global state, and the units granted to the instance until its next
+/// sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Synced {
+    /// The key's global state.
+    pub state: GlobalState,
+    /// The units this instance may admit until its next sync, beyond what it kept, reserved for
+    /// it in Redis so that no other instance counts them as free. `None` when there is no live
+    /// window to claim in (a window that starts at a key's first request, with none yet).
+    pub grant: Option<u64>,
 }
 
 /// A key's global state as Redis holds it after a sync, in durations from the moment the script
@@ -120,10 +153,14 @@ fn push_entry(args: &mut Vec<String>, e: &SyncEntry, now: Timestamp) -> StoreRes
     args.push(a.to_string());
     args.push(b.to_string());
     args.push(reference);
+    args.push(e.policy.limit().to_string());
+    args.push(e.keep.to_string());
+    args.push(e.want.to_string());
+    args.push(e.share.to_string());
     Ok(())
 }
 
-fn decode(policy: &Policy, value: &Value) -> StoreResult<GlobalState> {
+fn decode(policy: &Policy, value: &Value) -> StoreResult<Synced> {
     let text = match value {
         Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
         Value::SimpleString(s) => s.clone(),
@@ -133,29 +170,38 @@ fn decode(policy: &Policy, value: &Value) -> StoreResult<GlobalState> {
             )));
         }
     };
-    let nums: Vec<i64> = text
+    let malformed = || StoreError::Rejected(format!("the sync script answered `{text}`"));
+    let (fields, grant) = text.rsplit_once(' ').ok_or_else(malformed)?;
+    let grant = match grant {
+        "-" => None,
+        g => Some(g.parse::<u64>().map_err(|_| malformed())?),
+    };
+    let nums: Vec<i64> = fields
         .split(' ')
         .map(str::parse)
         .collect::<Result<_, _>>()
-        .map_err(|_| StoreError::Rejected(format!("the sync script answered `{text}`")))?;
+        .map_err(|_| malformed())?;
     let dur = |n: i64| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    match (policy, nums.as_slice()) {
-        (Policy::FixedWindow(_), [c, e]) => Ok(GlobalState::Window {
+    let state = match (policy, nums.as_slice()) {
+        (Policy::FixedWindow(_), [c, e]) => GlobalState::Window {
             count: count(*c),
             to_end: dur(*e),
-        }),
-        (Policy::SlidingCounter(_), [c, p, e]) => Ok(GlobalState::Sliding {
+        },
+        (Policy::SlidingCounter(_), [c, p, e]) => GlobalState::Sliding {
             current: count(*c),
             previous: count(*p),
             to_end: dur(*e),
-        }),
-        (Policy::TokenBucket(_) | Policy::Gcra(_), [b]) => Ok(GlobalState::Backlog(dur(*b))),
-        _ => Err(StoreError::Rejected(format!(
-            "the sync script answered `{text}` for a {} key",
-            policy.algorithm()
-        ))),
-    }
+        },
+        (Policy::TokenBucket(_) | Policy::Gcra(_), [b]) => GlobalState::Backlog(dur(*b)),
+        _ => {
+            return Err(StoreError::Rejected(format!(
+                "the sync script answered `{text}` for a {} key",
+                policy.algorithm()
+            )));
+        }
+    };
+    Ok(Synced { state, grant })
 }
 
 impl RedisStore {
@@ -167,7 +213,8 @@ impl RedisStore {
         key
     }
 
-    /// Pushes every entry's units and returns every entry's global state, in order. Entries are
+    /// Pushes every entry's units, renews `claimant`'s claim on each key, and returns every
+    /// entry's global state and grant, in order. Entries are
     /// grouped by Cluster slot, each group cut into calls of at most `batch` entries, and every
     /// call sent at once (pipelined over the multiplexed connections). Each call is atomic.
     ///
@@ -178,7 +225,8 @@ impl RedisStore {
         &self,
         entries: &[SyncEntry],
         batch: usize,
-    ) -> StoreResult<Vec<GlobalState>> {
+        claimant: Claimant<'_>,
+    ) -> StoreResult<Vec<Synced>> {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
@@ -203,9 +251,16 @@ impl RedisStore {
         }
         let mut calls = Vec::with_capacity(groups.len());
         for (_, members) in &groups {
-            let mut args = Vec::with_capacity(2 + 6 * members.len());
+            let mut args = Vec::with_capacity(4 + 10 * members.len());
             args.push(offset.to_string());
-            args.push("0".to_owned());
+            args.push(claimant.id.to_owned());
+            args.push(
+                u64::try_from(claimant.ttl.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1)
+                    .to_string(),
+            );
+            args.push(claimant.instances.max(1).to_string());
             for &i in members {
                 push_entry(&mut args, &entries[i], now)?;
             }
@@ -220,7 +275,7 @@ impl RedisStore {
                 replies.into_iter().collect::<Result<Vec<Value>, _>>()
             })
             .await?;
-        let mut states: Vec<Option<GlobalState>> = vec![None; entries.len()];
+        let mut states: Vec<Option<Synced>> = vec![None; entries.len()];
         for ((_, members), reply) in groups.iter().zip(replies) {
             let Value::Array(values) = reply else {
                 return Err(StoreError::Rejected(format!(

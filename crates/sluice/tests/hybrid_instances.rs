@@ -161,8 +161,8 @@ async fn three(dir: &Path, store: &str) -> (Vec<Instance>, Vec<String>, reqwest:
     (instances, urls, client)
 }
 
-/// The accuracy tests run one at a time: on two cores, two sets of three instances at once
-/// measure the machine more than the store.
+/// The tests run one at a time: on two cores, two sets of three instances at once measure the
+/// machine more than the store (syncs time out, and the instances fall back).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn within_five_percent(store: &str) {
@@ -191,15 +191,9 @@ async fn within_five_percent(store: &str) {
             } else {
                 worst
             };
-            // The target is 5% both ways. It holds from a limit of 1,000; at 100 (a unit is
-            // 1%) runs on this shared 2-core machine have admitted up to +7%, so the test holds
-            // the store to what it does there, 10% over, and docs/hybrid-store.md says the
-            // target is missed at that size.
-            let over = if limit >= 1_000 {
-                limit / 20
-            } else {
-                limit / 10
-            };
+            // Grants are reserved in Redis, so the instances together never admit past the
+            // limit; the target is 5% both ways.
+            let over = limit / 20;
             assert!(
                 ok <= limit + over && ok + limit / 20 >= limit,
                 "{algorithm} limit {limit} on {store}: admitted {ok}, beyond +{over} or -5%"
@@ -226,6 +220,8 @@ async fn three_instances_on_a_cluster_stay_within_five_percent() {
 /// 5% again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_run_makes_no_error_answers_and_limits_hold_again() {
+    // It measures accuracy too, once Redis is back: not beside another set of instances.
+    let _alone = ONE_AT_A_TIME.lock().await;
     let mut redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     let (_instances, urls, client) = three(dir.path(), &format!("hybrid+{}", redis.url())).await;
