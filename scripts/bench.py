@@ -1,7 +1,29 @@
 #!/usr/bin/env python3
 """Benchmarks of the built binaries with `sluice bench`, each against a baseline in the same run.
 
-    python3 scripts/bench.py [service|redis|gateway|ab|hybrid ...] [--runs 3] [--secs 5] [--pin]
+    python3 scripts/bench.py [service|redis|gateway|ab|hybrid|peers ...] [--runs 3] [--secs 5] [--pin]
+
+- peers: every target of issue #15 against its peer, in one run, ending in the one table of
+  docs/BENCHMARKS.md. Servers on CPU 0 (taskset), the generator on CPU 1, CPU per answer from
+  /proc/PID/stat (utime + stime over the run, divided by the answers), interleaved rounds (the
+  order rotated each round), medians of per-round ratios, the load average and the other
+  processes' CPU recorded with every run. Every peer is configured with the same limit,
+  1,000,000 per second per key, over the same 10,000 keys, so every check admits and writes.
+  - memory store, HTTP `/json`: against nginx answering a constant (Debian's nginx, its config
+    written to the temporary directory, on a free loopback port, one process), Limitador's
+    `POST /check_and_report` and throttlecrab-server's `POST /throttle`;
+  - memory store, gRPC `ShouldRateLimit`: against Limitador at 32×1, 128×1, 512×1 and 32×16
+    (connections × streams per connection);
+  - Redis store: Sluice's CPU per decision against redis-server's in the same run (Redis on
+    CPU 1), and the `redis-benchmark -P 16` ceiling for the same EVALSHA;
+  - gateway: `sluice proxy` and nginx `limit_req` + `proxy_pass` in front of the same upstream,
+    closed loop against the upstream direct, then all three at half of Sluice's maximum;
+  - in process: criterion's `decisions` bench, token bucket and GCRA against governor keyed on
+    one hot key, 100k and 1M keys (once per round; --core-saved reads the last run's), and the
+    `key_memory` example's bytes per key at 1M keys.
+  throttlecrab-server is installed with `cargo install --root PEERS_DIR/throttlecrab` when
+  missing; limitador-server is not on crates.io, so it is built by hand and given with
+  --limitador-bin (see docs/BENCHMARKS.md). --skip memory|redis|gateway|core leaves a part out.
 
 - service: `sluice serve` on the memory store, HTTP `/json` and gRPC, against the trivial
   upstream (`sluice bench upstream`) answering the same POST.
@@ -33,6 +55,8 @@ import argparse
 import json
 import os
 import re
+import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -40,6 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "sluice")
@@ -123,14 +148,14 @@ def grpc(addr, secs, **kw):
     return bench("grpc", addr, "--domain", "bench", "--descriptor", "user=u{n}", secs=secs, **kw)
 
 
-def redis_benchmark(port, sha, requests=200_000):
+def redis_benchmark(port, sha, requests=200_000, cpus=None):
     args = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-n", str(requests),
             "-c", "50", "-P", "16", "-r", str(KEYS), "--csv",
             # The service's GCRA check: one key, offset 0, commit, algorithm 2, cost 1,
             # burst 1,000,000, interval 1,000 ns, then the unused parameters and token.
             "EVALSHA", sha, "1", "bench:{rb:__rand_int__}", "0", "1", "2", "1", "1000000", "1000",
             "", "", "", ""]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(pinned(args, cpus), capture_output=True, text=True, check=True).stdout
     last = [line for line in out.splitlines() if line.startswith('"EVALSHA')][-1]
     return float(last.split('","')[1])
 
@@ -168,12 +193,12 @@ def header(title):
     print("|---|---:|---:|---:|---:|")
 
 
-def start_serve(tmp, log, *extra):
+def start_serve(tmp, log, *extra, rules="rules.yaml", cpus=None):
     """`sluice serve` on the bench rules; returns its HTTP and gRPC ports once it listens."""
     http_port, grpc_port = free_port(), free_port()
-    start([BIN, "serve", "--config", os.path.join(tmp, "rules.yaml"),
+    start([BIN, "serve", "--config", os.path.join(tmp, rules),
            "--http-addr", f"127.0.0.1:{http_port}", "--grpc-addr", f"127.0.0.1:{grpc_port}",
-           *extra], log)
+           *extra], log, cpus=cpus)
     wait_port(http_port, "the service")
     return http_port, grpc_port
 
@@ -418,6 +443,638 @@ def hybrid(tmp, runs, secs, few_keys):
                                         for m, h in zip(by["memory"], by["hybrid"])))
 
 
+# ---------------------------------------------------------------------------------------------
+# peers: every target of issue #15 against its peer, in one run.
+
+SERVER_CPU, GEN_CPU = "0", "1"
+PEERS_DIR = os.environ.get("SLUICE_PEERS_DIR", "/tmp/sluice-peers")
+THROTTLECRAB_VERSION = "0.4.40"
+
+# The same limit everywhere: 1,000,000 per second on each key, which no key comes near (each of
+# the 10,000 sees a few requests a second), so every answer is an admission that writes.
+PEER_RULES = """
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: gcra}
+  - key: client_ip
+    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: gcra}
+routes:
+  - path: /api/*
+    descriptors: [[{key: client_ip, from: client_ip}]]
+"""
+
+# Limitador counts fixed windows: 1,000,000 per 1 s window, one counter per value of `user`.
+LIMITADOR_LIMITS = """
+- namespace: bench
+  max_value: 1000000
+  seconds: 1
+  conditions: []
+  variables:
+    - "descriptors[0]['user']"
+"""
+LIMITADOR_BODY = '{"namespace":"bench","values":{"user":"u{n}"},"delta":1}'
+# throttlecrab's GCRA: a burst of 1,000,000 and 1,000,000 per 1 s period, per key.
+THROTTLECRAB_BODY = '{"key":"u{n}","max_burst":1000000,"count_per_period":1000000,"period":1,"quantity":1}'
+
+NGINX_COMMON = """
+daemon off;
+master_process off;
+worker_processes 1;
+pid {tmp}/nginx-{name}.pid;
+error_log {tmp}/nginx-{name}.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/nginx-{name}-body;
+  proxy_temp_path {tmp}/nginx-{name}-proxy;
+  fastcgi_temp_path {tmp}/nginx-{name}-fastcgi;
+  uwsgi_temp_path {tmp}/nginx-{name}-uwsgi;
+  scgi_temp_path {tmp}/nginx-{name}-scgi;
+  keepalive_requests 1000000000;
+  keepalive_timeout 600s;
+{http}
+}}
+"""
+
+NGINX_CONSTANT = """
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      default_type application/json;
+      return 200 '{body}';
+    }}
+  }}
+"""
+
+# nginx `limit_req` on the client address at the same 1,000,000 per second (and as large a
+# burst), in front of the same upstream through a keep-alive pool.
+NGINX_GATEWAY = """
+  limit_req_zone $binary_remote_addr zone=perip:10m rate=1000000r/s;
+  upstream up {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location /api/ {{
+      limit_req zone=perip burst=1000000 nodelay;
+      limit_req_status 429;
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }}
+  }}
+"""
+
+GRPC_SHAPES = [(32, 1), (128, 1), (512, 1), (32, 16)]  # connections × streams per connection
+CORE_FILTER = r"^(token_bucket|gcra|governor)/(hot|100k|1M)/1t$"
+CORE_ALGORITHMS = ["token_bucket", "gcra"]
+CORE_KEYS = ["hot", "100k", "1M"]
+
+
+def need(path, what, how):
+    if not path or not os.access(path, os.X_OK):
+        sys.exit(f"{what} is missing ({path or 'not on PATH'}): {how}")
+    return path
+
+
+def nginx_bin():
+    path = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    return need(path, "nginx", "install Debian's package: apt-get update && apt-get install -y nginx "
+                "(the script writes its own config, and starts and stops nginx itself)")
+
+
+def throttlecrab_bin(peers_dir):
+    """throttlecrab-server, installed from crates.io into `peers_dir` if it is not there yet."""
+    root = os.path.join(peers_dir, "throttlecrab")
+    path = os.path.join(root, "bin", "throttlecrab-server")
+    if not os.path.exists(path):
+        print(f"installing throttlecrab-server {THROTTLECRAB_VERSION} from crates.io into {root} "
+              "(a few minutes)", file=sys.stderr, flush=True)
+        done = subprocess.run(["cargo", "install", "--locked", "--root", root,
+                               "--version", THROTTLECRAB_VERSION, "throttlecrab-server"])
+        if done.returncode != 0:
+            sys.exit(f"cargo install throttlecrab-server failed (above); install it with "
+                     f"`cargo install --root {root} throttlecrab-server` and run again")
+    return need(path, "throttlecrab-server", f"cargo install --root {root} throttlecrab-server")
+
+
+def limitador_bin(given, peers_dir):
+    path = given or os.path.join(peers_dir, "limitador", "limitador-server")
+    return need(path, "limitador-server",
+                "it is not on crates.io. Build it from its repository (github.com/Kuadrant/limitador: "
+                "`cargo build --release -p limitador-server`, which needs protoc and libclang) in a "
+                "directory of your own, outside this one, and pass the binary with "
+                f"--limitador-bin PATH, or put it at {path}")
+
+
+def busy_seconds():
+    """CPU time the whole machine has spent so far (user, nice, system, irq, softirq and steal
+    from the first line of /proc/stat; not idle or iowait), in seconds."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v[i] for i in (0, 1, 2, 5, 6, 7) if i < len(v)) / os.sysconf("SC_CLK_TCK")
+
+
+def ours_seconds():
+    """CPU time of the servers this script runs and of the children it has waited for (the
+    generators, redis-benchmark, cargo), in seconds."""
+    own = 0.0
+    for p in children:
+        try:
+            own += cpu_seconds(p.pid)
+        except OSError:
+            pass
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own + ru.ru_utime + ru.ru_stime
+
+
+def sample(run, procs, requests=None):
+    """`run()`'s report, with the CPU time of each of `procs` ({name: Popen}) per answer in µs
+    (`cpu_us` is the first's), the 1-minute load average after it, and `others`: how many cores
+    the rest of the machine (not this script's processes) kept busy during the run."""
+    before = {n: cpu_seconds(p.pid) for n, p in procs.items()}
+    busy, ours, t = busy_seconds(), ours_seconds(), time.monotonic()
+    report = run()
+    wall = time.monotonic() - t
+    answers = max(report["requests"], 1)
+    report["cpu"] = {n: (cpu_seconds(p.pid) - before[n]) * 1e6 / answers for n, p in procs.items()}
+    report["cpu_us"] = next(iter(report["cpu"].values()))
+    report["others"] = max(0.0, (busy_seconds() - busy) - (ours_seconds() - ours)) / wall
+    report["load"] = os.getloadavg()[0]
+    return report
+
+
+def rounds(runs, runners, label):
+    """Every runner once per round, the order rotated each round: {name: [report per round]}."""
+    out = {name: [] for name in runners}
+    names = list(runners)
+    for r in range(runs):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            print(f"  {label}, round {r + 1}/{runs}: {name}", file=sys.stderr, flush=True)
+            out[name].append(runners[name]())
+    return out
+
+
+def tp(r):
+    return r["throughput"]
+
+
+def p99(r):
+    return r["latency"]["p99_us"]
+
+
+def cpu(r):
+    return r["cpu_us"]
+
+
+def per_round(a, b, f):
+    """The median over rounds of f(a's report) / f(b's report), both from the same round."""
+    return med([f(x) / f(y) for x, y in zip(a, b)])
+
+
+def conditions(reports):
+    """The load average and the other processes' cores over `reports`, and whether that was a
+    busy machine: the neighbours kept more than a quarter of a core busy (median over runs)."""
+    loads = [r["load"] for r in reports]
+    others = med([r["others"] for r in reports])
+    return {"loads": (min(loads), med(loads), max(loads)), "others": others, "busy": others > 0.25}
+
+
+def conditions_text(c):
+    lo, mid, hi = c["loads"]
+    text = (f"load average {mid:.1f} ({lo:.1f}–{hi:.1f}), other processes {c['others']:.2f} "
+            f"cores")
+    return text + ", **busy**" if c["busy"] else text
+
+
+def http_runner(url, body, secs, *extra):
+    return lambda s=secs: bench("http", url, "-X", "POST", "-d", body, *extra, secs=s, cpus=GEN_CPU)
+
+
+def peer_memory(tmp, log, runs, secs, bins):
+    """HTTP `/json` against nginx's constant answer, Limitador's `/check_and_report` and
+    throttlecrab's `/throttle`; gRPC against Limitador at every shape of GRPC_SHAPES. Every
+    server is alive throughout, on CPU 0; the generator runs on CPU 1."""
+    http_port, grpc_port = start_serve(tmp, log, rules="peers.yaml", cpus=SERVER_CPU)
+    serve = children[-1]
+    url = f"http://127.0.0.1:{http_port}/json"
+    # nginx returns, as its constant, the very body Sluice answered the first request with.
+    body = urllib.request.urlopen(urllib.request.Request(
+        url, data=BODY.replace("{n}", "0").encode(),
+        headers={"content-type": "application/json"})).read().decode()
+    nginx_port = free_port()
+    conf = os.path.join(tmp, "nginx-constant.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_COMMON.format(tmp=tmp, name="constant", http=NGINX_CONSTANT.format(
+            port=nginx_port, body=body.replace("\\", "\\\\").replace("'", "\\'"))))
+    nginx = start([bins["nginx"], "-p", tmp, "-c", conf, "-e", os.path.join(tmp, "nginx-constant.log")],
+                  log, cpus=SERVER_CPU)
+    lim_http, lim_grpc = free_port(), free_port()
+    limits = os.path.join(tmp, "limitador.yaml")
+    with open(limits, "w") as f:
+        f.write(LIMITADOR_LIMITS)
+    # A cache of 100,000 counters, so that none of the 10,000 is evicted.
+    limitador = start([bins["limitador"], "--http-ip", "127.0.0.1", "--http-port", str(lim_http),
+                       "--rls-ip", "127.0.0.1", "--rls-port", str(lim_grpc), limits,
+                       "memory", "--cache", "100000"], log, cpus=SERVER_CPU)
+    crab_port = free_port()
+    crab = start([bins["throttlecrab"], "--http", "--http-host", "127.0.0.1", "--http-port",
+                  str(crab_port), "--log-level", "warn"], log, cpus=SERVER_CPU)
+    for port, what in [(nginx_port, "nginx"), (lim_http, "limitador-server"), (lim_grpc, "limitador-server gRPC"),
+                       (crab_port, "throttlecrab-server")]:
+        wait_port(port, what)
+
+    http = {
+        "sluice": (serve, http_runner(url, BODY, secs)),
+        "nginx": (nginx, http_runner(f"http://127.0.0.1:{nginx_port}/json", BODY, secs)),
+        "limitador": (limitador, http_runner(f"http://127.0.0.1:{lim_http}/check_and_report",
+                                             LIMITADOR_BODY, secs)),
+        "throttlecrab": (crab, http_runner(f"http://127.0.0.1:{crab_port}/throttle", THROTTLECRAB_BODY,
+                                           secs, "--limited-body", '"allowed":false')),
+    }
+    for _, run in http.values():  # untimed: connections, allocators, the 10,000 keys
+        run(1)
+    out = {"http": rounds(runs, {n: (lambda p=p, run=run: sample(run, {"server": p}))
+                                 for n, (p, run) in http.items()}, "HTTP /json")}
+
+    def grpc_runner(proc, port, conns, streams):
+        return lambda: sample(lambda: bench(
+            "grpc", f"127.0.0.1:{port}", "--domain", "bench", "--descriptor", "user=u{n}",
+            "--connections", str(conns), secs=secs, concurrency=conns * streams, cpus=GEN_CPU),
+            {"server": proc})
+
+    out["grpc"] = {}
+    for conns, streams in GRPC_SHAPES:
+        out["grpc"][(conns, streams)] = rounds(runs, {
+            "sluice": grpc_runner(serve, grpc_port, conns, streams),
+            "limitador": grpc_runner(limitador, lim_grpc, conns, streams),
+        }, f"gRPC {conns}×{streams}")
+    return out
+
+
+def peer_redis(tmp, log, runs, secs):
+    """The Redis store: Sluice's CPU per decision against redis-server's during the same run,
+    and the `redis-benchmark -P 16` ceiling for the same EVALSHA. redis-server has CPU 1 (with
+    the generator); Sluice, or redis-benchmark for the ceiling, CPU 0."""
+    redis_port = free_port()
+    redis = start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no"], log, cpus=GEN_CPU)
+    wait_port(redis_port, "redis-server")
+    log_path = log.name
+    http_port, grpc_port = start_serve(tmp, log, "--store", f"redis://127.0.0.1:{redis_port}",
+                                       "--store-prefix", "bench", rules="peers.yaml", cpus=SERVER_CPU)
+    serve = children[-1]
+    url = f"http://127.0.0.1:{http_port}/json"
+    http_runner(url, BODY, secs)(1)  # loads the script; redis-benchmark needs it there
+    log.flush()
+    found = re.findall(r"check_script=\"?([0-9a-f]{40})", open(log_path).read())
+    if not found:
+        sys.exit(f"the service did not log its check script's SHA (check_script=…) in {log_path}")
+    sha = found[-1]
+    requests = 200_000
+
+    def ceiling():
+        report = {"requests": requests}
+        report["throughput"] = redis_benchmark(redis_port, sha, requests=requests, cpus=SERVER_CPU)
+        return report
+
+    grpc = lambda: bench("grpc", f"127.0.0.1:{grpc_port}", "--domain", "bench", "--descriptor",
+                         "user=u{n}", secs=secs, cpus=GEN_CPU)
+    grpc()
+    return rounds(runs, {
+        "ceiling": lambda: sample(ceiling, {"redis": redis}),
+        "http": lambda: sample(http_runner(url, BODY, secs), {"server": serve, "redis": redis}),
+        "grpc": lambda: sample(grpc, {"server": serve, "redis": redis}),
+    }, "Redis store")
+
+
+def peer_gateway(tmp, log, runs, secs, bins):
+    """`sluice proxy` and nginx `limit_req` on CPU 0 in front of the same trivial upstream on
+    CPU 1 (with the generator): closed loop against the upstream direct, then every path at half
+    of Sluice's maximum."""
+    up_port, proxy_port, nginx_port = free_port(), free_port(), free_port()
+    start([BIN, "bench", "upstream", "--listen", f"127.0.0.1:{up_port}"], log, cpus=GEN_CPU)
+    upstream = children[-1]
+    proxy = start([BIN, "proxy", "--config", os.path.join(tmp, "peers.yaml"), "--listen",
+                   f"127.0.0.1:{proxy_port}", "--upstream", f"http://127.0.0.1:{up_port}"], log,
+                  cpus=SERVER_CPU)
+    conf = os.path.join(tmp, "nginx-gateway.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_COMMON.format(tmp=tmp, name="gateway", http=NGINX_GATEWAY.format(
+            port=nginx_port, upstream=up_port)))
+    nginx = start([bins["nginx"], "-p", tmp, "-c", conf, "-e", os.path.join(tmp, "nginx-gateway.log")],
+                  log, cpus=SERVER_CPU)
+    for port, what in [(up_port, "the upstream"), (proxy_port, "sluice proxy"), (nginx_port, "nginx")]:
+        wait_port(port, what)
+    paths = {"direct": (upstream, up_port), "sluice": (proxy, proxy_port), "nginx": (nginx, nginx_port)}
+
+    def runner(name, rate=None, s=secs):
+        proc, port = paths[name]
+        return lambda: sample(lambda: bench("http", f"http://127.0.0.1:{port}/api/items/{{n}}", secs=s,
+                                            rate=rate, cpus=GEN_CPU), {"server": proc})
+
+    for name in paths:
+        runner(name, s=1)()
+    closed = rounds(runs, {n: runner(n) for n in paths}, "gateway, closed loop")
+    half = round(med([tp(r) for r in closed["sluice"]]) / 2)
+    at_half = rounds(runs, {n: runner(n, rate=half) for n in paths}, f"gateway at {half:,}/s")
+    return {"closed": closed, "half": at_half, "rate": half}
+
+
+def criterion_medians(baseline):
+    """{bench id: criterion's median ns} of a saved baseline of the `decisions` bench."""
+    root = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "criterion")
+    out = {}
+    if not os.path.isdir(root):
+        return out
+    for bench_dir in os.listdir(root):
+        est = os.path.join(root, bench_dir, baseline, "estimates.json")
+        meta = os.path.join(root, bench_dir, baseline, "benchmark.json")
+        if os.path.exists(est) and os.path.exists(meta):
+            with open(meta) as m, open(est) as e:
+                out[json.load(m)["full_id"]] = json.load(e)["median"]["point_estimate"]
+    return out
+
+
+def peer_core(runs, saved):
+    """The in-process decision against governor keyed: criterion's `decisions` bench, one hot
+    key and 100k and 1M keys, 1 thread, once per round (baselines `peers-r1`, …), or the
+    baselines of an earlier run with --core-saved."""
+    out = []
+    for r in range(1, runs + 1):
+        name = f"peers-r{r}"
+        if not saved:
+            print(f"  core decisions, round {r}/{runs} (criterion)", file=sys.stderr, flush=True)
+            load_before = os.getloadavg()[0]
+            subprocess.run(["cargo", "bench", "-p", "sluice-core", "--bench", "decisions", "--",
+                            CORE_FILTER, "--save-baseline", name], cwd=ROOT, check=True,
+                           stdout=subprocess.DEVNULL)
+            loads = (load_before, os.getloadavg()[0])
+        else:
+            loads = None
+        times = criterion_medians(name)
+        if not times:
+            sys.exit(f"no criterion baseline {name} of the decisions bench under target/criterion; "
+                     "run without --core-saved")
+        out.append({"times": times, "loads": loads})
+    return out
+
+
+def key_memory():
+    """Bytes per tracked key at 1M keys, from the `key_memory` example: {structure: bytes}."""
+    done = subprocess.run(["cargo", "run", "--release", "-q", "-p", "sluice-core", "--example",
+                           "key_memory"], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"the key_memory example failed:\n{done.stderr}")
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^(\w+)\s+\d+\s+[\d.]+ MB\s+([\d.]+)$", done.stdout, re.M)}
+
+
+def verdict(ok):
+    return "**met**" if ok else "**missed**"
+
+
+def peers(tmp, args):
+    if (os.cpu_count() or 1) < 2:
+        sys.exit("peers needs 2 CPUs: the servers run on CPU 0 and the generator on CPU 1")
+    bins = {"nginx": nginx_bin(), "throttlecrab": throttlecrab_bin(args.peers_dir),
+            "limitador": limitador_bin(args.limitador_bin, args.peers_dir)}
+    with open(os.path.join(tmp, "peers.yaml"), "w") as f:
+        f.write(PEER_RULES)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "crates"],
+                           cwd=ROOT, capture_output=True, text=True).stdout.split("\n")
+    dirty = sorted({line[3:] for line in dirty if line.strip()})
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    skip = set(args.skip or [])
+    log = open(os.path.join(tmp, "peers.log"), "w+")
+    res = {}
+    try:
+        if "memory" not in skip:
+            res.update(peer_memory(tmp, log, args.runs, args.secs, bins))
+            stop_all()
+            children.clear()
+        if "redis" not in skip:
+            res["redis"] = peer_redis(tmp, log, args.runs, args.secs)
+            stop_all()
+            children.clear()
+        if "gateway" not in skip:
+            res["gateway"] = peer_gateway(tmp, log, args.runs, args.secs, bins)
+            stop_all()
+            children.clear()
+    except SystemExit:
+        log.flush()
+        log.seek(0)
+        print("the servers' log:\n" + log.read()[-4000:], file=sys.stderr)
+        raise
+    if "core" not in skip:
+        res["core"] = peer_core(args.runs, args.core_saved)
+        res["memory_bytes"] = key_memory()
+    print_peers(res, args, commit, dirty, started)
+
+
+def shape(s):
+    return f"{s[0]}×{s[1]}"
+
+
+def plural(n, word):
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def print_peers(res, args, commit, dirty, started):
+    """The one table of issue #15's targets, then the figures behind each row."""
+    rows, details, all_reports = [], [], []
+
+    def busy_mark(reports):
+        c = conditions(reports)
+        all_reports.extend(reports)
+        return c, (" (busy machine)" if c["busy"] else "")
+
+    if "http" in res:
+        h = res["http"]
+        c, mark = busy_mark([r for v in h.values() for r in v])
+        vs = {p: per_round(h["sluice"], h[p], cpu) for p in ["nginx", "limitador", "throttlecrab"]}
+        rows.append((
+            "HTTP `/json`, memory: server CPU per answer",
+            f"{med([cpu(r) for r in h['sluice']]):.1f} µs; nginx's constant "
+            f"{med([cpu(r) for r in h['nginx']]):.1f} µs{mark}",
+            "≤ 1.15× nginx's constant answer", f"{vs['nginx']:.2f}×", verdict(vs["nginx"] <= 1.15)))
+        rows.append((
+            "HTTP `/json`, memory: ahead of the peers checking the same 10k keys",
+            f"Limitador {med([cpu(r) for r in h['limitador']]):.1f} µs, throttlecrab "
+            f"{med([cpu(r) for r in h['throttlecrab']]):.1f} µs per answer{mark}",
+            "< 1× each peer's CPU per answer",
+            f"{vs['limitador']:.2f}× Limitador, {vs['throttlecrab']:.2f}× throttlecrab",
+            verdict(vs["limitador"] < 1 and vs["throttlecrab"] < 1)))
+        lines = [f"#### HTTP `/json` on the memory store, {plural(args.runs, 'round')} × {args.secs} s, 64 "
+                 f"HTTP/1.1 connections, 10,000 keys; {conditions_text(c)}", "",
+                 "| server | answers/s | server CPU µs/answer | Sluice's CPU × this | p50 µs | p99 µs | limited | errors |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, reps in h.items():
+            lines.append(f"| {name} | {med([tp(r) for r in reps]):,.0f} | {med([cpu(r) for r in reps]):.1f} "
+                         f"| {per_round(h['sluice'], reps, cpu):.2f} | {med([r['latency']['p50_us'] for r in reps]):,.0f} "
+                         f"| {med([p99(r) for r in reps]):,.0f} | {sum(r['limited'] for r in reps)} "
+                         f"| {sum(sum(r['errors'].values()) for r in reps)} |")
+        details.append("\n".join(lines))
+
+    if "grpc" in res:
+        g = res["grpc"]
+        c, mark = busy_mark([r for by in g.values() for v in by.values() for r in v])
+        p99s = {s: per_round(by["sluice"], by["limitador"], p99) for s, by in g.items()}
+        tps = {s: per_round(by["sluice"], by["limitador"], tp) for s, by in g.items()}
+        rows.append((
+            "gRPC `ShouldRateLimit`, memory: p99 against Limitador, connections × streams",
+            ", ".join(f"{shape(s)} {med([p99(r) for r in by['sluice']]) / 1000:.1f} ms "
+                      f"(Limitador {med([p99(r) for r in by['limitador']]) / 1000:.1f})"
+                      for s, by in g.items()) + mark,
+            "p99 ≤ Limitador's at every concurrency, 32 to 512 in flight",
+            ", ".join(f"{shape(s)} {v:.2f}×" for s, v in p99s.items()),
+            verdict(all(v <= 1 for v in p99s.values()))))
+        rows.append((
+            "gRPC `ShouldRateLimit`, memory: throughput against Limitador, 10k keys",
+            ", ".join(f"{shape(s)} {med([tp(r) for r in by['sluice']]):,.0f}/s "
+                      f"(Limitador {med([tp(r) for r in by['limitador']]):,.0f})" for s, by in g.items()) + mark,
+            "≥ 1.5× Limitador's",
+            ", ".join(f"{shape(s)} {v:.2f}×" for s, v in tps.items()),
+            verdict(all(v >= 1.5 for v in tps.values()))))
+        lines = [f"#### gRPC `ShouldRateLimit` on the memory store, {plural(args.runs, 'round')} × {args.secs} s, "
+                 f"10,000 keys; {conditions_text(c)}", "",
+                 "| connections × streams | server | answers/s | × Limitador | server CPU µs/answer "
+                 "| × Limitador | p50 µs | p99 µs | × Limitador |",
+                 "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for s, by in g.items():
+            for name, reps in by.items():
+                lim = by["limitador"]
+                lines.append(f"| {shape(s)} | {name} | {med([tp(r) for r in reps]):,.0f} "
+                             f"| {per_round(reps, lim, tp):.2f} | {med([cpu(r) for r in reps]):.1f} "
+                             f"| {per_round(reps, lim, cpu):.2f} | {med([r['latency']['p50_us'] for r in reps]):,.0f} "
+                             f"| {med([p99(r) for r in reps]):,.0f} | {per_round(reps, lim, p99):.2f} |")
+        details.append("\n".join(lines))
+
+    if "redis" in res:
+        rd = res["redis"]
+        c, mark = busy_mark([r for v in rd.values() for r in v])
+        redis_cpu = lambda r: r["cpu"]["redis"]
+        vs_redis = {p: med([r["cpu"]["server"] / r["cpu"]["redis"] for r in rd[p]]) for p in ["http", "grpc"]}
+        of_ceiling = {p: per_round(rd[p], rd["ceiling"], tp) for p in ["http", "grpc"]}
+        rows.append((
+            "Redis store: Sluice's CPU per decision against Redis's own in the same run",
+            f"HTTP {med([cpu(r) for r in rd['http']]):.1f} µs against Redis's "
+            f"{med([redis_cpu(r) for r in rd['http']]):.1f}; gRPC {med([cpu(r) for r in rd['grpc']]):.1f} "
+            f"against {med([redis_cpu(r) for r in rd['grpc']]):.1f}; "
+            f"{of_ceiling['http']:.2f} (HTTP) and {of_ceiling['grpc']:.2f} (gRPC) of the "
+            f"`redis-benchmark -P 16` ceiling{mark}",
+            "≤ Redis's own CPU per decision (1.00×)",
+            f"HTTP {vs_redis['http']:.2f}×, gRPC {vs_redis['grpc']:.2f}×",
+            verdict(vs_redis["http"] <= 1 and vs_redis["grpc"] <= 1)))
+        lines = [f"#### The Redis store, {plural(args.runs, 'round')} × {args.secs} s, 64 workers, 10,000 keys; "
+                 f"{conditions_text(c)}", "",
+                 "| path | answers/s | × ceiling | Sluice CPU µs/decision | Redis CPU µs/decision "
+                 "| Sluice ÷ Redis | p99 µs |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
+        lines.append(f"| `redis-benchmark -P 16 -c 50`, the same EVALSHA (**ceiling**) "
+                     f"| {med([tp(r) for r in rd['ceiling']]):,.0f} | 1.00 | | "
+                     f"{med([redis_cpu(r) for r in rd['ceiling']]):.1f} | | |")
+        for p, name in [("http", "`sluice serve` HTTP `/json`"), ("grpc", "`sluice serve` gRPC, 2 connections")]:
+            lines.append(f"| {name} | {med([tp(r) for r in rd[p]]):,.0f} | {of_ceiling[p]:.2f} "
+                         f"| {med([cpu(r) for r in rd[p]]):.1f} | {med([redis_cpu(r) for r in rd[p]]):.1f} "
+                         f"| {vs_redis[p]:.2f} | {med([p99(r) for r in rd[p]]):,.0f} |")
+        details.append("\n".join(lines))
+
+    if "gateway" in res:
+        gw = res["gateway"]
+        closed, half = gw["closed"], gw["half"]
+        c, mark = busy_mark([r for v in list(closed.values()) + list(half.values()) for r in v])
+        of_direct = {p: per_round(closed[p], closed["direct"], tp) for p in ["sluice", "nginx"]}
+        added = {p: med([p99(x) - p99(d) for x, d in zip(half[p], half["direct"])]) for p in ["sluice", "nginx"]}
+        rows.append((
+            "gateway against nginx `limit_req` in front of the same upstream: throughput",
+            f"{of_direct['sluice']:.2f} of direct against nginx's {of_direct['nginx']:.2f}{mark}",
+            "≥ nginx's ratio of direct", f"{of_direct['sluice'] / of_direct['nginx']:.2f}× nginx's",
+            verdict(of_direct["sluice"] >= of_direct["nginx"])))
+        rows.append((
+            "gateway: added p99 at half load",
+            f"+{added['sluice'] / 1000:.2f} ms against nginx's +{added['nginx'] / 1000:.2f} ms at "
+            f"{gw['rate']:,}/s{mark}",
+            "≤ 1 ms and ≤ 2× nginx's",
+            f"{added['sluice'] / max(added['nginx'], 1):.2f}× nginx's",
+            verdict(added["sluice"] <= 1000 and added["sluice"] <= 2 * max(added["nginx"], 0))))
+        lines = [f"#### Gateway, GET `/api/items/{{n}}`, {plural(args.runs, 'round')} × {args.secs} s, 64 "
+                 f"connections, the gateway on CPU 0, the upstream and generator on CPU 1; "
+                 f"{conditions_text(c)}", "",
+                 "| path | closed loop answers/s | × direct | gateway CPU µs/answer | p50 µs at "
+                 f"{gw['rate']:,}/s | p99 µs at {gw['rate']:,}/s | added p99 µs |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
+        for p, name in [("direct", "upstream direct"), ("sluice", "`sluice proxy`"),
+                        ("nginx", "nginx `limit_req` + `proxy_pass`")]:
+            add = "" if p == "direct" else f"{added[p]:,.0f}"
+            cpu_cell = "" if p == "direct" else f"{med([cpu(r) for r in closed[p]]):.1f}"
+            lines.append(f"| {name} | {med([tp(r) for r in closed[p]]):,.0f} "
+                         f"| {per_round(closed[p], closed['direct'], tp):.2f} | {cpu_cell} "
+                         f"| {med([r['latency']['p50_us'] for r in half[p]]):,.0f} "
+                         f"| {med([p99(r) for r in half[p]]):,.0f} | {add} |")
+        details.append("\n".join(lines))
+
+    if "core" in res:
+        core = res["core"]
+        ratio_of = lambda alg, keys: med([run["times"][f"{alg}/{keys}/1t"] / run["times"][f"governor/{keys}/1t"]
+                                          for run in core])
+        ns = lambda bench_id: med([run["times"][bench_id] for run in core])
+        hot = {a: ratio_of(a, "hot") for a in CORE_ALGORITHMS}
+        many = {(a, k): ratio_of(a, k) for a in CORE_ALGORITHMS for k in ["100k", "1M"]}
+        loads = [x for run in core if run["loads"] for x in run["loads"]]
+        load_note = (f", load average {min(loads):.1f}–{max(loads):.1f}" if loads else ", earlier baselines")
+        rows.append((
+            "in-process decision, one hot string key, against governor keyed",
+            ", ".join(f"{a.replace('_', ' ')} {ns(f'{a}/hot/1t'):.0f} ns" for a in CORE_ALGORITHMS)
+            + f"; governor {ns('governor/hot/1t'):.0f} ns",
+            "≤ governor and ≤ 100 ns",
+            ", ".join(f"{a.replace('_', ' ')} {v:.2f}×" for a, v in hot.items()),
+            verdict(all(v <= 1 for v in hot.values()) and
+                    all(ns(f"{a}/hot/1t") <= 100 for a in CORE_ALGORITHMS))))
+        rows.append((
+            "in-process decision over 100k and 1M keys, against governor keyed",
+            ", ".join(f"{k}: governor {ns(f'governor/{k}/1t'):.0f} ns" for k in ["100k", "1M"]),
+            "keep the lead (< 1×)",
+            ", ".join(f"{a.replace('_', ' ')} {k} {v:.2f}×" for (a, k), v in many.items()),
+            verdict(all(v < 1 for v in many.values()))))
+        lines = [f"#### In process: criterion's `decisions` bench, 1 thread, {plural(len(core), 'run')}{load_note}", "",
+                 "| algorithm | " + " | ".join(f"{k} ns | × governor" for k in CORE_KEYS) + " |",
+                 "|---|" + "---:|---:|" * len(CORE_KEYS)]
+        for a in CORE_ALGORITHMS + ["governor"]:
+            cells = []
+            for k in CORE_KEYS:
+                cells.append(f"{ns(f'{a}/{k}/1t'):.0f}")
+                cells.append("1.00" if a == "governor" else f"{ratio_of(a, k):.2f}")
+            lines.append(f"| {a.replace('_', ' ')} | " + " | ".join(cells) + " |")
+        details.append("\n".join(lines))
+    if "memory_bytes" in res:
+        m = res["memory_bytes"]
+        ours = {k: v for k, v in m.items() if k.startswith("sluice")}
+        rows.append((
+            "memory per tracked key at 1M keys",
+            ", ".join(f"{k.replace('sluice_', '').replace('_', ' ')} {v:.1f} B" for k, v in ours.items())
+            + f"; governor {m.get('governor_keyed', float('nan')):.1f} B",
+            "≤ 100 bytes", f"{max(ours.values()) / 100:.2f}× the bound",
+            verdict(all(v <= 100 for v in ours.values()))))
+
+    print(f"\n### Issue #15's targets: commit `{commit}`, {started}\n")
+    if dirty:
+        print(f"The tree had uncommitted changes to {', '.join(f'`{d}`' for d in dirty)}; the binaries "
+              "measured include them.\n")
+    if all_reports:
+        c = conditions(all_reports)
+        print(f"Over the wire runs: {conditions_text(c)}. Ratios are medians of per-round ratios, "
+              f"{plural(args.runs, 'round')} of {args.secs} s.\n")
+    print("| path | measured | target | ratio | |")
+    print("|---|---|---|---|---|")
+    for row_ in rows:
+        print("| " + " | ".join(row_) + " |")
+    for d in details:
+        print("\n" + d)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="*", default=["service", "redis", "gateway"])
@@ -428,6 +1085,16 @@ def main():
                         help="hybrid: the keys of the commands-per-decision runs")
     parser.add_argument("--pin", action="store_true",
                         help="gateway: give the gateway a CPU of its own (taskset)")
+    parser.add_argument("--peers-dir", default=PEERS_DIR,
+                        help="peers: where throttlecrab-server is installed (and limitador-server "
+                        "looked for); default $SLUICE_PEERS_DIR or /tmp/sluice-peers")
+    parser.add_argument("--limitador-bin", help="peers: the limitador-server binary (default: "
+                        "PEERS_DIR/limitador/limitador-server)")
+    parser.add_argument("--skip", action="append", choices=["memory", "redis", "gateway", "core"],
+                        help="peers: leave a part out (repeatable)")
+    parser.add_argument("--core-saved", action="store_true",
+                        help="peers: read the in-process figures from the criterion baselines "
+                        "peers-r1 … peers-rRUNS of an earlier run instead of running criterion")
     args = parser.parse_args()
     subprocess.run(["cargo", "build", "--release", "--bin", "sluice"], cwd=ROOT, check=True)
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
@@ -444,6 +1111,8 @@ def main():
                     ab(tmp, args.runs, args.secs, args.baseline_bin)
                 elif what == "hybrid":
                     hybrid(tmp, args.runs, args.secs, args.few_keys)
+                elif what == "peers":
+                    peers(tmp, args)
                 else:
                     {"service": service, "redis": redis}[what](tmp, args.runs, args.secs)
                 stop_all()

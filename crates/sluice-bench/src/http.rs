@@ -36,6 +36,9 @@ pub struct HttpTarget {
     headers: Vec<(HeaderName, Template)>,
     body: Option<Template>,
     version: Version,
+    /// A 2xx answer whose body holds this text counts as limited: for services that answer a
+    /// denial with `200` and a verdict in the body, as throttlecrab's `/throttle` does.
+    limited_body: Option<Bytes>,
     /// h2 connections opened so far, shared round robin.
     shared: Mutex<Vec<http2::SendRequest<Full<Bytes>>>>,
 }
@@ -101,8 +104,22 @@ impl HttpTarget {
             headers: parsed,
             body: body.map(|b| Template::new(&b)),
             version,
+            limited_body: None,
             shared: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Counts a 2xx answer as limited when its body contains `text` (e.g. `"allowed":false`),
+    /// for services that answer every check with `200` and put the verdict in the body. An
+    /// empty text is refused: every body would contain it.
+    pub fn limited_if_body_contains(mut self, text: &str) -> Result<Self, BenchError> {
+        if text.is_empty() {
+            return Err(BenchError::Invalid(
+                "the text that marks a limited answer must not be empty".into(),
+            ));
+        }
+        self.limited_body = Some(Bytes::copy_from_slice(text.as_bytes()));
+        Ok(self)
     }
 
     fn request(&self, key: u64) -> Result<Request<Full<Bytes>>, String> {
@@ -249,14 +266,30 @@ impl Sender for HttpSender {
         match response {
             Ok(response) => {
                 let status = response.status();
-                if response.into_body().collect().await.is_err() {
-                    return Answer::Error("body cut short".into());
+                let body = match response.into_body().collect().await {
+                    Ok(body) => body,
+                    Err(_) => return Answer::Error("body cut short".into()),
+                };
+                let answer = classify(status);
+                match &self.target.limited_body {
+                    Some(text) if answer == Answer::Allowed => {
+                        if contains(&body.to_bytes(), text) {
+                            Answer::Limited
+                        } else {
+                            answer
+                        }
+                    }
+                    _ => answer,
                 }
-                classify(status)
             }
             Err(e) => Answer::Error(format!("request: {e}")),
         }
     }
+}
+
+/// Whether `needle` (not empty) occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn classify(status: StatusCode) -> Answer {
@@ -308,6 +341,22 @@ mod tests {
         assert_eq!(r.headers()["x-user"], "u7");
         assert_eq!(r.headers()[HOST], "127.0.0.1:8080");
         assert_eq!(r.headers()[CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn a_verdict_in_the_body_is_found_and_an_empty_one_refused() {
+        assert!(contains(
+            br#"{"allowed":false,"limit":3}"#,
+            br#""allowed":false"#
+        ));
+        assert!(!contains(br#"{"allowed":true}"#, br#""allowed":false"#));
+        assert!(!contains(b"", b"x"));
+        let e = target("http://127.0.0.1:80/", &[])
+            .unwrap()
+            .limited_if_body_contains("")
+            .expect_err("an empty text")
+            .to_string();
+        assert!(e.contains("must not be empty"), "{e}");
     }
 
     #[test]

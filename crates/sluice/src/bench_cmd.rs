@@ -48,6 +48,10 @@ pub(crate) struct BenchHttpArgs {
     /// h2 connections the workers share (HTTP/1.1 opens one per worker).
     #[arg(long, default_value_t = 2)]
     connections: usize,
+    /// Count a 2xx answer as limited when its body contains this text, for services that
+    /// answer a denial with `200` and the verdict in the body (e.g. `"allowed":false`).
+    #[arg(long, value_name = "TEXT")]
+    limited_body: Option<String>,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -160,9 +164,12 @@ pub(crate) fn run(target: BenchTarget) -> anyhow::Result<()> {
                     bench::Version::Http1
                 };
                 let load = a.load.load();
-                let target = bench::HttpTarget::new(
+                let mut target = bench::HttpTarget::new(
                     &a.url, a.method, &a.headers, a.body, version, load.keys,
                 )?;
+                if let Some(text) = &a.limited_body {
+                    target = target.limited_if_body_contains(text)?;
+                }
                 (bench::run_http(target, load).await?, a.load.json)
             }
             BenchTarget::Grpc(a) => {
