@@ -198,6 +198,24 @@ async fn in_any_order_of_checks_and_syncs_the_instances_never_pass_the_limit() {
     }
 }
 
+/// A key only one of three live instances serves (clients that stick to one instance): while
+/// the key is young the others' first shares are set aside for them, in case they are admitting
+/// on it unsynced; once it is older than a claim's time to live, the one instance takes the
+/// whole limit.
+#[tokio::test]
+async fn a_key_served_by_one_instance_of_three_gets_its_whole_limit() {
+    let server = RedisServer::start();
+    let (clock, stores) = instances(server.port, 3).await;
+    let p: Policy = FixedWindow::new(100, Duration::from_secs(60), Alignment::FirstRequest)
+        .unwrap()
+        .into();
+    // Two shares of 16 (100 / 6) set aside for the two instances that have not synced the key.
+    assert_eq!(take_all(&stores[..1], "sticky", &p).await, 68);
+    // The heartbeats stay live while the key ages past a claim's time to live (500 ms).
+    meet(&clock, &stores).await;
+    assert_eq!(take_all(&stores[..1], "sticky", &p).await, 32);
+}
+
 /// Units counted in one window are never added to the next: a sync that comes after the window
 /// ended drops them, and the new window starts from zero everywhere.
 #[tokio::test]

@@ -30,15 +30,17 @@
 -- neither Redis's current window nor (sliding counter) the one before it is dropped, since the
 -- window it would count against is over.
 --
--- Claims. Each key carries, after a '|' in its stored value, every instance's claim: "id units
--- expiry-ms". A claim is what an instance may still admit before its next sync, so the units it
+-- Claims. Each key carries, after a '|' in its stored value, when it was first synced (ms) and
+-- every instance's claim: "id units expiry-ms". A claim is what an instance may still admit before its next sync, so the units it
 -- will push are never counted by anyone else as free. An instance's sync replaces its claim with
 -- `keep` plus a grant out of what the limit has left once every claim is set aside: what it
 -- wants, or an even split between the live instances if that is more, never more than is free.
 -- Units serve the key wherever they are used, so a grant follows demand rather than fairness,
--- and no unit waits in the claim of an instance that is not asked for it. A live instance with
--- no claim on the key (not even an empty one) has not synced it yet and may be admitting its
--- first, unreserved share of it: that much is set aside for each such instance. So what the instances
+-- and no unit waits in the claim of an instance that is not asked for it. While a key (or its
+-- window) is young, first synced less than a claim's time to live ago, a live instance with no
+-- claim on it (not even an empty one) may not have synced it yet and be admitting its first,
+-- unreserved share: that much is set aside for each such instance. Later, an instance that
+-- never uses a key holds none of it. So what the instances
 -- may admit together never exceeds what the limit has left. An instance that counts itself
 -- alone is bounded by the limit alone and claims only what it keeps. A claim expires unless renewed,
 -- so an instance that stops takes its claims with it; a claim is tied to its window and goes
@@ -66,8 +68,8 @@ local function grant_of(free, want)
 end
 
 -- The stored value: the algorithm's fields, then ' | ' and the claims, if any.
-local function store(key, fields, claims, px)
-  redis.call('SET', key, fields .. ' | ' .. table.concat(claims, ' '), 'PX', px)
+local function store(key, fields, born, claims, px)
+  redis.call('SET', key, fields .. ' | ' .. int(born) .. ' ' .. table.concat(claims, ' '), 'PX', px)
 end
 
 local out = {}
@@ -96,9 +98,12 @@ for i = 1, #KEYS do
     if f[1] ~= code then f, c = {}, {} end
   end
   -- The other instances' live claims, and what they hold; this instance's is replaced below.
+  -- When the key (or its window) was first synced: its claims count from then.
+  local born = ms
   local held, claims = 0, {}
   local function read_claims()
-    for j = 1, #c - 2, 3 do
+    if c[1] then born = tonumber(c[1]) end
+    for j = 2, #c - 2, 3 do
       local units_held, until_ms = tonumber(c[j + 1]), tonumber(c[j + 2])
       if c[j] ~= me and until_ms > ms then
         held = held + units_held
@@ -110,7 +115,8 @@ for i = 1, #KEYS do
   -- A lone instance is bounded by the limit alone: it reserves only what it keeps, so that an
   -- instance joining it finds the rest free.
   local function claim(used)
-    local unsynced = math.max(instances - 1 - #claims, 0)
+    local unsynced = 0
+    if ms - born < tonumber(ARGV[3]) then unsynced = math.max(instances - 1 - #claims, 0) end
     local g = grant_of(limit - used - held - keep - unsynced * share, want)
     local mine = keep + g
     if instances == 1 then mine = keep end
@@ -141,7 +147,7 @@ for i = 1, #KEYS do
     if cur_end then
       local g = claim(count)
       -- Stored even with nothing counted: the claims, this instance's at least, are kept.
-      store(key, code .. ' ' .. absolute(cur_end) .. ' ' .. int(count), claims,
+      store(key, code .. ' ' .. absolute(cur_end) .. ' ' .. int(count), born, claims,
         ceil_div(cur_end - now, 1000000) + 1000)
       if count > 0 then
         out[i] = int(count) .. ' ' .. int(cur_end - now) .. ' ' .. int(g)
@@ -176,7 +182,7 @@ for i = 1, #KEYS do
     -- The previous window counts for the part of it still inside the sliding window, rounded
     -- down as the core's estimate is.
     local g = claim(cur + mul_div(prev, start + W - now, W, false))
-    store(key, code .. ' ' .. absolute(start) .. ' ' .. int(cur) .. ' ' .. int(prev), claims,
+    store(key, code .. ' ' .. absolute(start) .. ' ' .. int(cur) .. ' ' .. int(prev), born, claims,
       ceil_div(start + 2 * W - now, 1000000) + 1000)
     out[i] = int(cur) .. ' ' .. int(prev) .. ' ' .. int(start + W - now) .. ' ' .. int(g)
   else
@@ -195,7 +201,7 @@ for i = 1, #KEYS do
     if tat < now then tat = now end
     -- One unit takes a / b ns to refill, so the backlog holds backlog * b / a units.
     local g = claim(mul_div(tat - now, b, a, true))
-    store(key, code .. ' ' .. absolute(tat), claims,
+    store(key, code .. ' ' .. absolute(tat), born, claims,
       math.max(ceil_div(tat - now, 1000000), tonumber(ARGV[3])) + 1000)
     out[i] = int(tat - now) .. ' ' .. int(g)
   end
