@@ -84,6 +84,9 @@ struct Entry {
     /// Units asked of this key here since the last sync, admitted or not: what the instance
     /// keeps of its allowance while a sync is on its way.
     wanted: u64,
+    /// When a sync must read the key, even if it was asked for nothing, to renew its claim
+    /// before the allowance lapses.
+    renew_at: Timestamp,
 }
 
 impl Entry {
@@ -137,6 +140,7 @@ impl Entry {
             allowance: share,
             allowance_until: Timestamp::from_nanos(u64::MAX),
             wanted: 0,
+            renew_at: Timestamp::EPOCH,
         }
     }
 }
@@ -295,14 +299,21 @@ impl<C: Clock + 'static> HybridStore<C> {
         let inner = &self.inner;
         let _one = inner.syncing.lock().await;
         let now = inner.clock.now();
+        let ttl = self.claim_ttl();
         let mut entries: Vec<SyncEntry> = Vec::new();
         {
             let mut keys = lock(&inner.keys);
             keys.retain(|_, e| !e.pending.is_empty() || e.expires > now);
             for (key, e) in keys.iter_mut() {
-                if e.pending.is_empty() && e.quiet_until > now {
+                // A key with nothing to push is read if it was asked for since the last sync,
+                // and otherwise only every quarter of a claim's time to live, to renew its
+                // claim: a key that sees a request now and then costs Redis a few reads a
+                // second, not one every interval. A key in the negative cache is not read.
+                let idle = e.wanted == 0 && now < e.renew_at;
+                if e.pending.is_empty() && (e.quiet_until > now || idle) {
                     continue;
                 }
+                e.renew_at = now.saturating_add(ttl / 4);
                 // Of its allowance, the instance keeps twice what this key was asked for since
                 // the last sync, for the requests it admits while this one is on its way (which
                 // may take longer than the last); the rest is given back. It asks for as much
@@ -340,7 +351,6 @@ impl<C: Clock + 'static> HybridStore<C> {
         // The heartbeat goes with every sync that has keys to push or read, and on its own when
         // half its time to live has passed: an idle instance stays counted, at one call per
         // quarter of a second, and every key idle or negative-cached costs nothing.
-        let ttl = self.claim_ttl();
         let beat_due = now
             .as_nanos()
             .saturating_sub(inner.last_beat.load(Ordering::Relaxed))
@@ -354,6 +364,7 @@ impl<C: Clock + 'static> HybridStore<C> {
             ttl,
             instances: inner.instances.load(Ordering::Relaxed),
         };
+        let claimed_alone = claimant.instances <= 1;
         let (beat, synced) = tokio::join!(
             inner.redis.heartbeat(&inner.id, ttl),
             inner
@@ -372,7 +383,11 @@ impl<C: Clock + 'static> HybridStore<C> {
             Ok(states) => {
                 // A grant may be used until its claim could expire: half the claim's time to
                 // live after the sync left, which leaves room for clocks and latency.
-                self.apply(&entries, &states, now.saturating_add(ttl / 2));
+                let grants = Grants {
+                    until: now.saturating_add(ttl / 2),
+                    claimed_alone,
+                };
+                self.apply(&entries, &states, grants);
                 inner.syncs.fetch_add(1, Ordering::Relaxed);
                 inner.away.store(false, Ordering::Relaxed);
                 Ok(())
@@ -396,7 +411,7 @@ impl<C: Clock + 'static> HybridStore<C> {
     }
 
     /// Lays the global states a sync returned under each key's units admitted since.
-    fn apply(&self, entries: &[SyncEntry], states: &[Synced], until: Timestamp) {
+    fn apply(&self, entries: &[SyncEntry], states: &[Synced], grants: Grants) {
         let inner = &self.inner;
         let now = inner.clock.now();
         let mut over = 0u64;
@@ -418,7 +433,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                     &entries[i],
                     states[i],
                     now,
-                    until,
+                    grants,
                 ));
             }
         }
@@ -435,7 +450,7 @@ impl<C: Clock + 'static> HybridStore<C> {
         sent: &SyncEntry,
         synced: Synced,
         now: Timestamp,
-        until: Timestamp,
+        grants: Grants,
     ) -> u64 {
         let global = synced.state;
         let over = over_limit(&sent.policy, global);
@@ -463,13 +478,19 @@ impl<C: Clock + 'static> HybridStore<C> {
             entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
             // What is left of what the instance kept, and the grant reserved for it; a lone
             // instance is bounded by the limit alone, and a key with no live window to claim in
-            // starts afresh.
+            // starts afresh. A sync made as a lone instance reserved only what was kept: if
+            // others have joined since, that is all the instance may use, until the next sync
+            // (at once) claims its part among them.
             entry.allowance = match synced.grant {
                 _ if self.alone() => u64::MAX,
+                _ if grants.claimed_alone => {
+                    entry.renew_at = Timestamp::EPOCH;
+                    entry.allowance
+                }
                 Some(grant) => entry.allowance.saturating_add(grant),
                 None => self.share(entry.policy.limit()),
             };
-            entry.allowance_until = until;
+            entry.allowance_until = grants.until;
         }
         over
     }
@@ -629,6 +650,15 @@ impl<C: Clock + 'static> HybridStore<C> {
         }
         Ok(decisions)
     }
+}
+
+/// How a sync's grants may be used.
+#[derive(Debug, Clone, Copy)]
+struct Grants {
+    /// Until when: their claims could expire after that.
+    until: Timestamp,
+    /// Whether the sync was made as a lone instance, which reserves only what it kept.
+    claimed_alone: bool,
 }
 
 /// How many keys a sync's answer updates under one hold of the key map's lock: small enough

@@ -311,6 +311,36 @@ async fn a_key_over_its_limit_costs_redis_nothing_until_its_reset() {
     assert!(script_calls(&server) > before);
 }
 
+/// A key that sees no request is not read by every sync, only every quarter of a claim's time
+/// to live (125 ms here), to renew the instance's claim on it; a request makes the next sync
+/// read it again.
+#[tokio::test]
+async fn an_idle_key_is_read_only_to_renew_its_claim() {
+    let server = RedisServer::start();
+    let (clock, stores) = instances(server.port, 2).await;
+    let p: Policy = FixedWindow::new(100, Duration::from_secs(60), Alignment::FirstRequest)
+        .unwrap()
+        .into();
+    let store = &stores[0];
+    assert_eq!(admitted(store, "idle", &p, 3).await, 3);
+    store.sync_now().await.unwrap();
+    let before = script_calls(&server);
+    for _ in 0..5 {
+        advance(&clock, &stores, Duration::from_millis(20));
+        store.sync_now().await.unwrap();
+    }
+    assert_eq!(script_calls(&server), before, "an idle key is not read");
+    advance(&clock, &stores, Duration::from_millis(30));
+    store.sync_now().await.unwrap();
+    // The sync script, and the heartbeat that goes with every sync that reads keys.
+    assert_eq!(script_calls(&server), before + 2, "its claim is renewed");
+    store.sync_now().await.unwrap();
+    assert_eq!(script_calls(&server), before + 2, "and then left alone");
+    assert_eq!(admitted(store, "idle", &p, 1).await, 1);
+    store.sync_now().await.unwrap();
+    assert_eq!(script_calls(&server), before + 4, "a request makes it read");
+}
+
 /// Redis is killed: decisions go on locally without an error, syncs fail and keep their units;
 /// Redis comes back empty, and the next sync puts the units admitted meanwhile back into the
 /// global count, which another instance then sees.

@@ -31,20 +31,22 @@
 -- window it would count against is over.
 --
 -- Claims. Each key carries, after a '|' in its stored value, when it was first synced (ms) and
--- every instance's claim: "id units expiry-ms". A claim is what an instance may still admit before its next sync, so the units it
--- will push are never counted by anyone else as free. An instance's sync replaces its claim with
--- `keep` plus a grant out of what the limit has left once every claim is set aside: what it
--- wants, or an even split between the live instances if that is more, never more than is free.
--- Units serve the key wherever they are used, so a grant follows demand rather than fairness,
--- and no unit waits in the claim of an instance that is not asked for it. While a key (or its
--- window) is young, first synced less than a claim's time to live ago, a live instance with no
--- claim on it (not even an empty one) may not have synced it yet and be admitting its first,
--- unreserved share: that much is set aside for each such instance. Later, an instance that
--- never uses a key holds none of it. So what the instances
--- may admit together never exceeds what the limit has left. An instance that counts itself
--- alone is bounded by the limit alone and claims only what it keeps. A claim expires unless renewed,
--- so an instance that stops takes its claims with it; a claim is tied to its window and goes
--- with it.
+-- every instance's claim: "id units expiry-ms". A claim is what an instance may still admit
+-- before its next sync, so the units it will push are never counted by anyone else as free. An
+-- instance's sync replaces its claim with `keep` plus a grant out of what the limit has left
+-- once every claim is set aside: what it wants, or an even split between the live instances if
+-- that is more, never more than is free. Units serve the key wherever they are used, so a grant
+-- follows demand rather than fairness, and no unit waits in the claim of an instance that is
+-- not asked for it. So what the instances may admit together never exceeds what the limit has
+-- left.
+--
+-- While a key (or its window) is young, first synced less than a claim's time to live ago, a
+-- live instance with no claim on it (not even an empty one) may not have synced it yet and be
+-- admitting its first, unreserved share: that much is set aside for each such instance. Later,
+-- an instance that never uses a key holds none of it. An instance that counts itself alone is
+-- bounded by the limit alone and claims only what it keeps. A claim expires unless renewed, so
+-- an instance that stops takes its claims with it; a claim is tied to its window and goes with
+-- it.
 --
 -- Returns one string per entry, the grant last ('-': no live window to claim in):
 --   FIXED_WINDOW:    "<count> <ns to the window's end> <grant>" (a count of 0 and 0 ns: no live
