@@ -589,12 +589,17 @@ def ours_seconds():
 
 def sample(run, procs, requests=None):
     """`run()`'s report, with the CPU time of each of `procs` ({name: Popen}) per answer in µs
-    (`cpu_us` is the first's), the 1-minute load average after it, and `others`: how many cores
-    the rest of the machine (not this script's processes) kept busy during the run."""
+    (`cpu_us` is the first's), the 1-minute load average after it, `generator`: the share of a
+    core the generator used, and `others`: how many cores the rest of the machine (not this
+    script's processes) kept busy during the run."""
     before = {n: cpu_seconds(p.pid) for n, p in procs.items()}
     busy, ours, t = busy_seconds(), ours_seconds(), time.monotonic()
+    waited = resource.getrusage(resource.RUSAGE_CHILDREN)
     report = run()
     wall = time.monotonic() - t
+    done = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The generator's share of its CPU: near 1, it and not the server set the pace.
+    report["generator"] = ((done.ru_utime + done.ru_stime) - (waited.ru_utime + waited.ru_stime)) / wall
     answers = max(report["requests"], 1)
     report["cpu"] = {n: (cpu_seconds(p.pid) - before[n]) * 1e6 / answers for n, p in procs.items()}
     report["cpu_us"] = next(iter(report["cpu"].values()))
@@ -882,6 +887,11 @@ def plural(n, word):
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def gen(reports):
+    """The generator's median share of its core, as a percentage."""
+    return f"{med([r['generator'] for r in reports]) * 100:.0f}%"
+
+
 def print_peers(res, args, commit, dirty, started):
     """The one table of issue #15's targets, then the figures behind each row."""
     rows, details, all_reports = [], [], []
@@ -909,12 +919,13 @@ def print_peers(res, args, commit, dirty, started):
             verdict(vs["limitador"] < 1 and vs["throttlecrab"] < 1)))
         lines = [f"#### HTTP `/json` on the memory store, {plural(args.runs, 'round')} × {args.secs} s, 64 "
                  f"HTTP/1.1 connections, 10,000 keys; {conditions_text(c)}", "",
-                 "| server | answers/s | server CPU µs/answer | Sluice's CPU × this | p50 µs | p99 µs | limited | errors |",
-                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| server | answers/s | server CPU µs/answer | Sluice's CPU × this | p50 µs | p99 µs "
+                 "| generator's CPU | limited | errors |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, reps in h.items():
             lines.append(f"| {name} | {med([tp(r) for r in reps]):,.0f} | {med([cpu(r) for r in reps]):.1f} "
                          f"| {per_round(h['sluice'], reps, cpu):.2f} | {med([r['latency']['p50_us'] for r in reps]):,.0f} "
-                         f"| {med([p99(r) for r in reps]):,.0f} | {sum(r['limited'] for r in reps)} "
+                         f"| {med([p99(r) for r in reps]):,.0f} | {gen(reps)} | {sum(r['limited'] for r in reps)} "
                          f"| {sum(sum(r['errors'].values()) for r in reps)} |")
         details.append("\n".join(lines))
 
@@ -941,15 +952,15 @@ def print_peers(res, args, commit, dirty, started):
         lines = [f"#### gRPC `ShouldRateLimit` on the memory store, {plural(args.runs, 'round')} × {args.secs} s, "
                  f"10,000 keys; {conditions_text(c)}", "",
                  "| connections × streams | server | answers/s | × Limitador | server CPU µs/answer "
-                 "| × Limitador | p50 µs | p99 µs | × Limitador |",
-                 "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| × Limitador | p50 µs | p99 µs | × Limitador | generator's CPU |",
+                 "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for s, by in g.items():
             for name, reps in by.items():
                 lim = by["limitador"]
                 lines.append(f"| {shape(s)} | {name} | {med([tp(r) for r in reps]):,.0f} "
                              f"| {per_round(reps, lim, tp):.2f} | {med([cpu(r) for r in reps]):.1f} "
                              f"| {per_round(reps, lim, cpu):.2f} | {med([r['latency']['p50_us'] for r in reps]):,.0f} "
-                             f"| {med([p99(r) for r in reps]):,.0f} | {per_round(reps, lim, p99):.2f} |")
+                             f"| {med([p99(r) for r in reps]):,.0f} | {per_round(reps, lim, p99):.2f} | {gen(reps)} |")
         details.append("\n".join(lines))
 
     if "redis" in res:
@@ -1003,15 +1014,15 @@ def print_peers(res, args, commit, dirty, started):
         lines = [f"#### Gateway, GET `/api/items/{{n}}`, {plural(args.runs, 'round')} × {args.secs} s, 64 "
                  f"connections, the gateway on CPU 0, the upstream and generator on CPU 1; "
                  f"{conditions_text(c)}", "",
-                 "| path | closed loop answers/s | × direct | gateway CPU µs/answer | p50 µs at "
-                 f"{gw['rate']:,}/s | p99 µs at {gw['rate']:,}/s | added p99 µs |",
-                 "|---|---:|---:|---:|---:|---:|---:|"]
+                 "| path | closed loop answers/s | × direct | gateway CPU µs/answer | generator's CPU "
+                 f"| p50 µs at {gw['rate']:,}/s | p99 µs at {gw['rate']:,}/s | added p99 µs |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for p, name in [("direct", "upstream direct"), ("sluice", "`sluice proxy`"),
                         ("nginx", "nginx `limit_req` + `proxy_pass`")]:
             add = "" if p == "direct" else f"{added[p]:,.0f}"
             cpu_cell = "" if p == "direct" else f"{med([cpu(r) for r in closed[p]]):.1f}"
             lines.append(f"| {name} | {med([tp(r) for r in closed[p]]):,.0f} "
-                         f"| {per_round(closed[p], closed['direct'], tp):.2f} | {cpu_cell} "
+                         f"| {per_round(closed[p], closed['direct'], tp):.2f} | {cpu_cell} | {gen(closed[p])} "
                          f"| {med([r['latency']['p50_us'] for r in half[p]]):,.0f} "
                          f"| {med([p99(r) for r in half[p]]):,.0f} | {add} |")
         details.append("\n".join(lines))
