@@ -5,7 +5,6 @@
 //! answering loopback peers, or others with the admin token (which the page sends when its URL
 //! carries `#token=…`).
 
-
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
