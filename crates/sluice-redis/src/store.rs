@@ -222,6 +222,21 @@ impl RedisStore {
         &self,
         call: impl Future<Output = RedisResult<T>>,
     ) -> StoreResult<T> {
+        self.guarded_within(self.inner.timeout, call).await
+    }
+
+    /// How long one call may take.
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// [`RedisStore::guarded`] with a time limit of its own: for a batch of calls, which Redis
+    /// runs one after another.
+    pub(crate) async fn guarded_within<T>(
+        &self,
+        limit: Duration,
+        call: impl Future<Output = RedisResult<T>>,
+    ) -> StoreResult<T> {
         let inner = &self.inner;
         let Some(permit) = inner.breaker.admit() else {
             return Err(StoreError::Unavailable(format!(
@@ -230,7 +245,7 @@ impl RedisStore {
                 inner.target, inner.cool_down
             )));
         };
-        match tokio::time::timeout(inner.timeout, call).await {
+        match tokio::time::timeout(limit, call).await {
             Ok(Ok(v)) => {
                 inner.breaker.success(permit);
                 Ok(v)
@@ -246,7 +261,7 @@ impl RedisStore {
             }
             Err(_) => {
                 inner.breaker.failure(permit);
-                Err(StoreError::Timeout(inner.timeout))
+                Err(StoreError::Timeout(limit))
             }
         }
     }

@@ -268,8 +268,12 @@ impl RedisStore {
             calls.push((group_keys, args));
         }
         let conn = self.connection();
+        // Redis runs the calls one after another: the store's timeout is for each of them.
+        let limit = self
+            .call_timeout()
+            .saturating_mul(u32::try_from(calls.len()).unwrap_or(u32::MAX));
         let replies = self
-            .guarded(async {
+            .guarded_within(limit, async {
                 let replies =
                     join_all(calls.iter().map(|(k, a)| conn.eval(&scripts::SYNC, k, a))).await;
                 replies.into_iter().collect::<Result<Vec<Value>, _>>()
