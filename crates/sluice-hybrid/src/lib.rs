@@ -691,6 +691,12 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
         self.check_local(checks)
     }
 
+    /// Every decision is local, so a single check never waits: no future, no box.
+    fn check_now(&self, check: Check<'_>) -> Option<StoreResult<Decision>> {
+        let one = self.check_local(std::slice::from_ref(&check));
+        Some(one.and_then(|mut d| d.pop().ok_or_else(|| unheld(check.policy))))
+    }
+
     /// Decides locally, like a check. A key this instance has not seen yet is registered, so
     /// that the next sync reads its global state; nothing is consumed.
     async fn peek(&self, key: &str, policy: &Policy) -> StoreResult<Decision> {

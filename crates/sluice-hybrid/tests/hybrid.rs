@@ -443,3 +443,28 @@ async fn repeated_checks_of_a_request_take_their_costs_from_the_share() {
     let once = stores[0].check(&twice[..1]).await.unwrap();
     assert!(once[0].allowed, "3 units fit the share of 4: {once:?}");
 }
+
+/// A single check is decided at once, with no future (`check_now`), on the same counter and
+/// within the same allowance as `check`.
+#[tokio::test]
+async fn a_single_check_is_decided_at_once_on_the_same_counter() {
+    let server = RedisServer::start();
+    let (_clock, stores) = instances(server.port, 1).await;
+    let store = &stores[0];
+    let p: Policy = FixedWindow::new(5, Duration::from_secs(60), Alignment::FirstRequest)
+        .unwrap()
+        .into();
+    assert_eq!(admitted(store, "now", &p, 3).await, 3);
+    let now = |n: u64| {
+        (0..n)
+            .filter(|_| {
+                let d = store.check_now(Check::new("now", &p, 1)).unwrap();
+                d.unwrap().allowed
+            })
+            .count()
+    };
+    assert_eq!(now(5), 2, "the 2 left after 3 through check");
+    assert_eq!(admitted(store, "now", &p, 1).await, 0);
+    store.sync_now().await.unwrap();
+    assert_eq!(store.stats().negative_cached, 1);
+}
