@@ -887,6 +887,19 @@ def plural(n, word):
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def generator_paced(res):
+    """The runs, by section and server, in which the generator was the limit (≥ 95% of its core)."""
+    sections = []
+    if "http" in res:
+        sections.append(("HTTP", res["http"]))
+    for s, by in res.get("grpc", {}).items():
+        sections.append((f"gRPC {shape(s)}", by))
+    if "gateway" in res:
+        sections.append(("gateway", res["gateway"]["closed"]))
+    return [f"{label} {name}" for label, by in sections for name, reps in by.items()
+            if med([r["generator"] for r in reps]) >= 0.95]
+
+
 def gen(reports):
     """The generator's median share of its core, as a percentage."""
     return f"{med([r['generator'] for r in reports]) * 100:.0f}%"
@@ -1082,6 +1095,11 @@ def print_peers(res, args, commit, dirty, started):
     print("|---|---|---|---|---|")
     for row_ in rows:
         print("| " + " | ".join(row_) + " |")
+    paced = generator_paced(res)
+    if paced:
+        print(f"\nThe generator used 95% or more of its core (median) against: {', '.join(paced)}. "
+              "There closed-loop throughput, and its p99, is partly the generator's pace; CPU per "
+              "answer is not.")
     for d in details:
         print("\n" + d)
 
