@@ -322,6 +322,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 let keep = e.allowance_at(now).min(want);
                 e.allowance = keep;
                 e.wanted = 0;
+                let share = self.share(e.policy.limit()).min(e.policy.limit());
                 if e.pending.is_empty() {
                     entries.push(SyncEntry {
                         key: key.clone(),
@@ -330,7 +331,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                         to_end_nanos: 0,
                         keep,
                         want,
-                        share: self.share(e.policy.limit()).min(e.policy.limit()),
+                        share,
                     });
                     continue;
                 }
@@ -343,7 +344,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                         to_end_nanos: i64::try_from(to_end).unwrap_or(i64::MIN),
                         keep,
                         want,
-                        share: self.share(e.policy.limit()).min(e.policy.limit()),
+                        share,
                     });
                 }
             }
@@ -562,19 +563,13 @@ impl<C: Clock + 'static> HybridStore<C> {
                 return Err(unheld(c.policy));
             };
             // This instance's share, less what earlier checks of this request on the key take.
-            let share = keys
-                .get(c.key)
-                .filter(|e| e.policy == *c.policy)
-                .map_or_else(
-                    || self.share(c.policy.limit()),
-                    |e| {
-                        if self.alone() {
-                            u64::MAX
-                        } else {
-                            e.allowance_at(now)
-                        }
-                    },
-                );
+            let share = if self.alone() {
+                u64::MAX
+            } else {
+                keys.get(c.key)
+                    .filter(|e| e.policy == *c.policy)
+                    .map_or_else(|| self.share(c.policy.limit()), |e| e.allowance_at(now))
+            };
             let taken: u64 = checks[..i]
                 .iter()
                 .filter(|e| e.key == c.key && e.policy == c.policy)

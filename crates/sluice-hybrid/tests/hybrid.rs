@@ -97,6 +97,13 @@ async fn admitted(store: &HybridStore<FakeClock>, key: &str, policy: &Policy, n:
     ok
 }
 
+/// A fixed window of `limit` over `secs` seconds, starting at a key's first request.
+fn window_from_first_request(limit: u64, secs: u64) -> Policy {
+    FixedWindow::new(limit, Duration::from_secs(secs), Alignment::FirstRequest)
+        .unwrap()
+        .into()
+}
+
 fn supported() -> Vec<Policy> {
     let minute = Duration::from_secs(60);
     vec![
@@ -153,9 +160,7 @@ async fn instances_share_one_limit_after_a_sync() {
 async fn a_new_key_admits_a_share_per_instance_and_then_exactly_the_limit() {
     let server = RedisServer::start();
     let (_clock, stores) = instances(server.port, 2).await;
-    let p: Policy = FixedWindow::new(10, Duration::from_secs(60), Alignment::FirstRequest)
-        .unwrap()
-        .into();
+    let p = window_from_first_request(10, 60);
     // A share of 10 between two live instances: 10 / 4, rounded down.
     assert_eq!(admitted(&stores[0], "burst", &p, 10).await, 2);
     assert_eq!(admitted(&stores[1], "burst", &p, 10).await, 2);
@@ -206,9 +211,7 @@ async fn in_any_order_of_checks_and_syncs_the_instances_never_pass_the_limit() {
 async fn a_key_served_by_one_instance_of_three_gets_its_whole_limit() {
     let server = RedisServer::start();
     let (clock, stores) = instances(server.port, 3).await;
-    let p: Policy = FixedWindow::new(100, Duration::from_secs(60), Alignment::FirstRequest)
-        .unwrap()
-        .into();
+    let p = window_from_first_request(100, 60);
     // Two shares of 16 (100 / 6) set aside for the two instances that have not synced the key.
     assert_eq!(take_all(&stores[..1], "sticky", &p).await, 68);
     // The heartbeats stay live while the key ages past a claim's time to live (500 ms).
@@ -288,9 +291,7 @@ async fn a_key_over_its_limit_costs_redis_nothing_until_its_reset() {
     let server = RedisServer::start();
     let (clock, stores) = instances(server.port, 1).await;
     let store = &stores[0];
-    let p: Policy = FixedWindow::new(5, Duration::from_secs(10), Alignment::FirstRequest)
-        .unwrap()
-        .into();
+    let p = window_from_first_request(5, 10);
     assert_eq!(admitted(store, "hot", &p, 5).await, 5);
     store.sync_now().await.unwrap();
     assert_eq!(store.stats().negative_cached, 1);
@@ -318,9 +319,7 @@ async fn a_key_over_its_limit_costs_redis_nothing_until_its_reset() {
 async fn an_idle_key_is_read_only_to_renew_its_claim() {
     let server = RedisServer::start();
     let (clock, stores) = instances(server.port, 2).await;
-    let p: Policy = FixedWindow::new(100, Duration::from_secs(60), Alignment::FirstRequest)
-        .unwrap()
-        .into();
+    let p = window_from_first_request(100, 60);
     let store = &stores[0];
     assert_eq!(admitted(store, "idle", &p, 3).await, 3);
     store.sync_now().await.unwrap();
@@ -431,9 +430,7 @@ async fn unsupported_algorithms_are_refused_with_a_reason() {
 async fn repeated_checks_of_a_request_take_their_costs_from_the_share() {
     let server = RedisServer::start();
     let (_clock, stores) = instances(server.port, 2).await;
-    let p: Policy = FixedWindow::new(16, Duration::from_secs(60), Alignment::FirstRequest)
-        .unwrap()
-        .into();
+    let p = window_from_first_request(16, 60);
     // Two live instances: each holds a quarter of what is left, 4 of 16.
     warm(&stores, "costly", &p).await;
     warm(&stores, "costly", &p).await;
@@ -451,9 +448,7 @@ async fn a_single_check_is_decided_at_once_on_the_same_counter() {
     let server = RedisServer::start();
     let (_clock, stores) = instances(server.port, 1).await;
     let store = &stores[0];
-    let p: Policy = FixedWindow::new(5, Duration::from_secs(60), Alignment::FirstRequest)
-        .unwrap()
-        .into();
+    let p = window_from_first_request(5, 60);
     assert_eq!(admitted(store, "now", &p, 3).await, 3);
     let now = |n: u64| {
         (0..n)

@@ -160,6 +160,11 @@ fn push_entry(args: &mut Vec<String>, e: &SyncEntry, now: Timestamp) -> StoreRes
     Ok(())
 }
 
+/// `d` in whole milliseconds, at least 1: a time to live as the scripts take it.
+fn whole_millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 fn decode(policy: &Policy, value: &Value) -> StoreResult<Synced> {
     let text = match value {
         Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
@@ -214,9 +219,9 @@ impl RedisStore {
     }
 
     /// Pushes every entry's units, renews `claimant`'s claim on each key, and returns every
-    /// entry's global state and grant, in order. Entries are
-    /// grouped by Cluster slot, each group cut into calls of at most `batch` entries, and every
-    /// call sent at once (pipelined over the multiplexed connections). Each call is atomic.
+    /// entry's global state and grant, in order. Entries are grouped by Cluster slot, each group
+    /// cut into calls of at most `batch` entries, and every call sent at once (pipelined over
+    /// the multiplexed connections). Each call is atomic.
     ///
     /// All or nothing as far as the caller can tell: on an error, the caller keeps every entry's
     /// units and pushes them again later. A call that did reach Redis before another failed has
@@ -254,12 +259,7 @@ impl RedisStore {
             let mut args = Vec::with_capacity(4 + 10 * members.len());
             args.push(offset.to_string());
             args.push(claimant.id.to_owned());
-            args.push(
-                u64::try_from(claimant.ttl.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .max(1)
-                    .to_string(),
-            );
+            args.push(whole_millis(claimant.ttl).to_string());
             args.push(claimant.instances.max(1).to_string());
             for &i in members {
                 push_entry(&mut args, &entries[i], now)?;
@@ -302,11 +302,10 @@ impl RedisStore {
     /// this prefix are: each takes that share of what a limit has left between two syncs.
     pub async fn heartbeat(&self, id: &str, ttl: Duration) -> StoreResult<u64> {
         let key = vec![self.key_of("hybrid-instances")];
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let args = vec![
             self.time_offset().to_string(),
             id.to_owned(),
-            ttl_ms.to_string(),
+            whole_millis(ttl).to_string(),
         ];
         let conn = self.connection();
         match self
