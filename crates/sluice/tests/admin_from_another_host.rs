@@ -14,11 +14,13 @@ use serde_json::Value;
 use sluice_testing::free_port;
 use sluice_testing::process::{Spawned, free_addr, spawn_listening};
 
-/// Two decisions a minute per value of `k`.
+/// Two decisions an hour per value of `k`, in a window that starts at the key's first request:
+/// a window aligned to the clock could end between the exhausting checks and the check after a
+/// refused reset, and the test would read a new window as a reset.
 const RULES: &str = "domain: d
 descriptors:
   - key: k
-    rate_limit: {unit: minute, requests_per_unit: 2}
+    rate_limit: {unit: hour, requests_per_unit: 2, alignment: first_request}
 ";
 
 const TOKEN: &str = "s3cret-admin-token";
@@ -209,12 +211,12 @@ impl Peer<'_> {
         (status == 200, key)
     }
 
-    /// Uses up `k=value`'s two a minute and returns the counter's key path.
+    /// Uses up `k=value`'s two an hour and returns the counter's key path.
     fn exhaust(&self, value: &str) -> String {
         assert!(self.check(value).0);
         assert!(self.check(value).0);
         let (admitted, key) = self.check(value);
-        assert!(!admitted, "the third in a minute is refused");
+        assert!(!admitted, "the third in an hour is refused");
         format!("/v1/keys/{}", path_segment(&key))
     }
 
