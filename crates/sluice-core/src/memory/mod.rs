@@ -12,8 +12,8 @@ mod state;
 use std::sync::{Mutex, MutexGuard};
 
 use fingerprint::{Fingerprint, Fingerprinter};
-use shard::{Entry, Shard};
-use state::{Update, apply, decide, decide_in_place};
+use shard::Shard;
+use state::{Meta, Update, apply, decide, decide_in_place};
 
 use crate::clock::duration_nanos;
 use crate::{Check, Clock, Decision, Policy, Store, StoreResult, SystemClock, Timestamp};
@@ -165,22 +165,19 @@ impl<C: Clock> MemoryStore<C> {
         let fp = self.fingerprints.of(check.key);
         let mut shard = lock(&self.shards[self.shard_of(fp)].0);
         if let Some(entry) = shard.map.get_mut(&fp) {
-            let d = decide_in_place(check.policy, &mut entry.state, now, check.cost);
+            let d = decide_in_place(check.policy, entry, now, check.cost);
+            let meta = entry.meta_mut();
             if d.allowed && check.cost > 0 {
-                entry.expires = self.expiry(now, &d);
+                meta.expires = self.expiry(now, &d);
             }
-            entry.limited = is_limited(&d);
+            meta.limited = is_limited(&d);
             return Ok(d);
         }
         let (update, d) = decide(check.policy, None, now, check.cost);
         if d.allowed && check.cost > 0 {
             shard.make_room(1, self.secs(now), self.max_keys)?;
-            if let Some(state) = apply(check.policy, None, update, now) {
-                let entry = Entry {
-                    expires: self.expiry(now, &d),
-                    limited: is_limited(&d),
-                    state,
-                };
+            if let Some(mut entry) = apply(check.policy, None, update, now) {
+                *entry.meta_mut() = self.meta(now, &d);
                 shard.map.insert(fp, entry);
             }
         }
@@ -228,7 +225,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut updates: Vec<Option<Update>> = Vec::with_capacity(checks.len());
         let mut repeated: Vec<Repeated> = Vec::new();
         for (i, (c, (fp, s))) in checks.iter().zip(&keys).enumerate() {
-            let stored = guards[guard_of(*s)].map.get(fp).map(|e| &e.state);
+            let stored = guards[guard_of(*s)].map.get(fp);
             let appears_again = keys.iter().enumerate().any(|(j, (o, _))| j != i && o == fp);
             if !appears_again {
                 let (update, d) = decide(c.policy, stored, now, c.cost);
@@ -264,7 +261,7 @@ impl<C: Clock> MemoryStore<C> {
             // Nothing consumes; only remember which counters refused, for eviction.
             for ((fp, s), d) in keys.iter().zip(&decisions) {
                 if let Some(entry) = guards[guard_of(*s)].map.get_mut(fp) {
-                    entry.limited |= !d.allowed;
+                    entry.meta_mut().limited |= !d.allowed;
                 }
             }
             return Ok(unconsumed(checks, decisions));
@@ -279,12 +276,8 @@ impl<C: Clock> MemoryStore<C> {
             }
         }
         for r in repeated {
-            if let (Some(state), Some(d)) = (r.state, r.last) {
-                let entry = Entry {
-                    expires: self.expiry(now, &d),
-                    limited: is_limited(&d),
-                    state,
-                };
+            if let (Some(mut entry), Some(d)) = (r.state, r.last) {
+                *entry.meta_mut() = self.meta(now, &d);
                 guards[guard_of(r.shard)].map.insert(r.fp, entry);
             }
         }
@@ -302,26 +295,18 @@ impl<C: Clock> MemoryStore<C> {
         now: Timestamp,
         d: &Decision,
     ) {
-        let expires = self.expiry(now, d);
-        let limited = is_limited(d);
+        let meta = self.meta(now, d);
         match shard.map.get_mut(&fp) {
             Some(entry) => {
-                if let Some(fresh) = apply(policy, Some(&mut entry.state), update, now) {
-                    entry.state = fresh;
+                if let Some(fresh) = apply(policy, Some(entry), update, now) {
+                    *entry = fresh;
                 }
-                entry.expires = expires;
-                entry.limited = limited;
+                *entry.meta_mut() = meta;
             }
             None => {
-                if let Some(state) = apply(policy, None, update, now) {
-                    shard.map.insert(
-                        fp,
-                        Entry {
-                            expires,
-                            limited,
-                            state,
-                        },
-                    );
+                if let Some(mut entry) = apply(policy, None, update, now) {
+                    *entry.meta_mut() = meta;
+                    shard.map.insert(fp, entry);
                 }
             }
         }
@@ -335,6 +320,14 @@ impl<C: Clock> MemoryStore<C> {
     fn secs(&self, t: Timestamp) -> u32 {
         let secs = t.saturating_since(self.base).as_secs();
         u32::try_from(secs).unwrap_or(u32::MAX)
+    }
+
+    /// The bookkeeping on a counter left by decision `d` at `now`.
+    fn meta(&self, now: Timestamp, d: &Decision) -> Meta {
+        Meta {
+            expires: self.expiry(now, d),
+            limited: is_limited(d),
+        }
     }
 
     /// When a counter left by decision `d` at `now` is full again, in stored form.
@@ -354,7 +347,7 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         let fp = self.fingerprints.of(key);
         let shard = lock(&self.shards[self.shard_of(fp)].0);
-        decide(policy, shard.map.get(&fp).map(|e| &e.state), now, 0).1
+        decide(policy, shard.map.get(&fp), now, 0).1
     }
 
     fn remove(&self, key: &str) -> bool {

@@ -4,20 +4,12 @@
 use std::collections::HashMap;
 
 use super::fingerprint::{BuildPassThrough, Fingerprint};
-use super::state::State;
+use super::state::{Meta, State};
 use crate::StoreError;
 
-/// A tracked counter. 32 bytes, so a map slot with its 16-byte fingerprint is 48.
-#[derive(Debug)]
-pub(crate) struct Entry {
-    /// When the counter is back to full, in whole seconds after the store's base time, rounded
-    /// up. Past this an entry means the same as no entry, and sweeping may drop it.
-    pub(crate) expires: u32,
-    /// Whether the last decision on this counter denied a request or left nothing remaining.
-    /// Eviction never drops such an entry before it expires.
-    pub(crate) limited: bool,
-    pub(crate) state: State,
-}
+/// A tracked counter: its state with the shard's bookkeeping inside, 24 bytes, so a map slot
+/// with its 16-byte fingerprint is 40.
+pub(crate) type Entry = State;
 
 /// The fewest entries a shard holds before it sweeps expired ones on insertion.
 const MIN_SWEEP_LEN: usize = 64;
@@ -56,7 +48,7 @@ impl Shard {
     /// Drops every entry expired at `now_secs`. Returns how many were dropped.
     pub(crate) fn sweep(&mut self, now_secs: u32) -> usize {
         let before = self.map.len();
-        self.map.retain(|_, e| e.expires > now_secs);
+        self.map.retain(|_, e| e.meta().expires > now_secs);
         self.next_sweep = (self.map.len() * 2).max(MIN_SWEEP_LEN);
         before - self.map.len()
     }
@@ -88,8 +80,9 @@ impl Shard {
         let mut expiries: Vec<u32> = self
             .map
             .values()
-            .filter(|e| !e.limited)
-            .map(|e| e.expires)
+            .map(Entry::meta)
+            .filter(|m| !m.limited)
+            .map(|m| m.expires)
             .collect();
         if !expiries.is_empty() {
             let nth = goal.min(expiries.len()) - 1;
@@ -100,9 +93,10 @@ impl Shard {
             let strictly_below = below.iter().filter(|&&x| x < threshold).count();
             let mut at_threshold = (nth + 1).saturating_sub(strictly_below);
             self.map.retain(|_, e| {
-                if e.limited || e.expires > threshold {
+                let Meta { expires, limited } = e.meta();
+                if limited || expires > threshold {
                     true
-                } else if e.expires < threshold {
+                } else if expires < threshold {
                     false
                 } else if at_threshold > 0 {
                     at_threshold -= 1;
@@ -128,11 +122,11 @@ mod tests {
     use super::*;
 
     fn limited(expires: u32) -> Entry {
-        Entry {
+        let meta = Meta {
             expires,
             limited: true,
-            state: State::Gcra(crate::Timestamp::EPOCH),
-        }
+        };
+        State::Gcra(meta, crate::Timestamp::EPOCH)
     }
 
     #[test]
@@ -150,7 +144,7 @@ mod tests {
         }
         assert_eq!(shard.passes, 1);
         // The next second scans again; an entry that stopped being limited makes room.
-        shard.map.values_mut().next().unwrap().limited = false;
+        shard.map.values_mut().next().unwrap().meta_mut().limited = false;
         assert!(shard.make_room(1, 11, 4).is_ok());
         assert_eq!(shard.passes, 2);
         // Room already there is never refused, whatever the last pass found.
@@ -159,10 +153,11 @@ mod tests {
 
     #[test]
     fn entries_stay_compact() {
-        // A map slot is the 16-byte fingerprint plus the entry: 48 bytes, which keeps a tracked
-        // token-bucket or GCRA key near 100 bytes with the map's spare capacity included.
-        assert_eq!(std::mem::size_of::<State>(), 24);
-        assert_eq!(std::mem::size_of::<Entry>(), 32);
-        assert_eq!(std::mem::size_of::<(Fingerprint, Entry)>(), 48);
+        // A map slot is the 16-byte fingerprint plus the entry: 40 bytes, which keeps a tracked
+        // token-bucket or GCRA key under 100 bytes with the map's spare capacity included (a
+        // table just past a doubling is under half full: 2.2 slots of 41 bytes per key).
+        assert_eq!(std::mem::size_of::<Meta>(), 5);
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
+        assert_eq!(std::mem::size_of::<(Fingerprint, Entry)>(), 40);
     }
 }

@@ -5,17 +5,66 @@ use crate::algorithm::{
 };
 use crate::{Decision, Policy, Timestamp};
 
-/// A counter's state. Every variant but the log and the buckets fits in 16 bytes, so the enum is
-/// 24; those two are boxed because they grow with the limit and with the number of buckets.
+/// The shard's bookkeeping on a counter: when it expires and whether it is limited.
+///
+/// It lives inside each variant of [`State`] rather than beside the enum: packed to 5 bytes of
+/// alignment 1, it is laid out in the 7 bytes between the variant's tag and its 8-aligned state,
+/// so a tracked counter is 24 bytes rather than 32 and a map slot with its fingerprint 40 rather
+/// than 48.
+#[repr(C, packed)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Meta {
+    /// When the counter is back to full, in whole seconds after the store's base time, rounded
+    /// up. Past this an entry means the same as no entry, and sweeping may drop it.
+    pub(crate) expires: u32,
+    /// Whether the last decision on this counter denied a request or left nothing remaining.
+    /// Eviction never drops such an entry before it expires.
+    pub(crate) limited: bool,
+}
+
+/// A counter's state, for whichever algorithm its policy uses, with the shard's [`Meta`]. Every
+/// variant but the log and the buckets holds 16 bytes of state or less, so the enum is 24; those
+/// two are boxed because they grow with the limit and with the number of buckets. A state that
+/// [`decide`] returns carries a default `Meta`, which the store sets when it stores the state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
-    TokenBucket(TokenBucketState),
-    Gcra(Timestamp),
-    LeakyQueue(Timestamp),
-    FixedWindow(FixedWindowState),
-    SlidingCounter(SlidingCounterState),
-    SlidingLog(Box<SlidingLogState>),
-    BucketedWindow(Box<BucketedWindowState>),
+    TokenBucket(Meta, TokenBucketState),
+    Gcra(Meta, Timestamp),
+    LeakyQueue(Meta, Timestamp),
+    FixedWindow(Meta, FixedWindowState),
+    SlidingCounter(Meta, SlidingCounterState),
+    SlidingLog(Meta, Box<SlidingLogState>),
+    BucketedWindow(Meta, Box<BucketedWindowState>),
+}
+
+impl State {
+    /// The shard's bookkeeping on this counter.
+    #[inline(always)]
+    pub(crate) fn meta(&self) -> Meta {
+        match self {
+            State::TokenBucket(m, _)
+            | State::Gcra(m, _)
+            | State::LeakyQueue(m, _)
+            | State::FixedWindow(m, _)
+            | State::SlidingCounter(m, _)
+            | State::SlidingLog(m, _)
+            | State::BucketedWindow(m, _) => *m,
+        }
+    }
+
+    /// Sets the shard's bookkeeping on this counter.
+    #[inline(always)]
+    pub(crate) fn meta_mut(&mut self) -> &mut Meta {
+        match self {
+            State::TokenBucket(m, _)
+            | State::Gcra(m, _)
+            | State::LeakyQueue(m, _)
+            | State::FixedWindow(m, _)
+            | State::SlidingCounter(m, _)
+            | State::SlidingLog(m, _)
+            | State::BucketedWindow(m, _) => m,
+        }
+    }
 }
 
 /// What admitting a request does to its counter.
@@ -39,52 +88,52 @@ pub(crate) fn decide(
     match (policy, stored) {
         (Policy::TokenBucket(p), s) => {
             let state = match s {
-                Some(State::TokenBucket(s)) => *s,
+                Some(State::TokenBucket(_, s)) => *s,
                 _ => p.initial(now),
             };
             let (next, d) = p.decide(state, now, cost);
-            (Update::Set(State::TokenBucket(next)), d)
+            (Update::Set(State::TokenBucket(Meta::default(), next)), d)
         }
         (Policy::Gcra(p), s) => {
             let tat = match s {
-                Some(State::Gcra(t)) => *t,
+                Some(State::Gcra(_, t)) => *t,
                 _ => Timestamp::EPOCH,
             };
             let (next, d) = p.decide(tat, now, cost);
-            (Update::Set(State::Gcra(next)), d)
+            (Update::Set(State::Gcra(Meta::default(), next)), d)
         }
         (Policy::LeakyQueue(p), s) => {
             let next_slot = match s {
-                Some(State::LeakyQueue(t)) => *t,
+                Some(State::LeakyQueue(_, t)) => *t,
                 _ => Timestamp::EPOCH,
             };
             let (next, d) = p.decide(next_slot, now, cost);
-            (Update::Set(State::LeakyQueue(next)), d)
+            (Update::Set(State::LeakyQueue(Meta::default(), next)), d)
         }
         (Policy::FixedWindow(p), s) => {
             let state = match s {
-                Some(State::FixedWindow(s)) => *s,
+                Some(State::FixedWindow(_, s)) => *s,
                 _ => FixedWindowState::default(),
             };
             let (next, d) = p.decide(state, now, cost);
-            (Update::Set(State::FixedWindow(next)), d)
+            (Update::Set(State::FixedWindow(Meta::default(), next)), d)
         }
         (Policy::SlidingCounter(p), s) => {
             let state = match s {
-                Some(State::SlidingCounter(s)) => *s,
+                Some(State::SlidingCounter(_, s)) => *s,
                 _ => SlidingCounterState::default(),
             };
             let (next, d) = p.decide(state, now, cost);
-            (Update::Set(State::SlidingCounter(next)), d)
+            (Update::Set(State::SlidingCounter(Meta::default(), next)), d)
         }
-        (Policy::SlidingLog(p), Some(State::SlidingLog(log))) => {
+        (Policy::SlidingLog(p), Some(State::SlidingLog(_, log))) => {
             (Update::Record(cost), p.decide(log, now, cost))
         }
         (Policy::SlidingLog(p), _) => (
             Update::Record(cost),
             p.decide(&SlidingLogState::default(), now, cost),
         ),
-        (Policy::BucketedWindow(p), Some(State::BucketedWindow(b))) => {
+        (Policy::BucketedWindow(p), Some(State::BucketedWindow(_, b))) => {
             (Update::Record(cost), p.decide(b, now, cost))
         }
         (Policy::BucketedWindow(p), _) => (
@@ -119,15 +168,17 @@ pub(crate) fn decide_in_place(
         d
     }
     match (policy, stored) {
-        (Policy::TokenBucket(p), State::TokenBucket(s)) => {
+        (Policy::TokenBucket(p), State::TokenBucket(_, s)) => {
             step(s, cost, |s| p.decide(s, now, cost))
         }
-        (Policy::Gcra(p), State::Gcra(t)) => step(t, cost, |t| p.decide(t, now, cost)),
-        (Policy::LeakyQueue(p), State::LeakyQueue(t)) => step(t, cost, |t| p.decide(t, now, cost)),
-        (Policy::FixedWindow(p), State::FixedWindow(s)) => {
+        (Policy::Gcra(p), State::Gcra(_, t)) => step(t, cost, |t| p.decide(t, now, cost)),
+        (Policy::LeakyQueue(p), State::LeakyQueue(_, t)) => {
+            step(t, cost, |t| p.decide(t, now, cost))
+        }
+        (Policy::FixedWindow(p), State::FixedWindow(_, s)) => {
             step(s, cost, |s| p.decide(s, now, cost))
         }
-        (Policy::SlidingCounter(p), State::SlidingCounter(s)) => {
+        (Policy::SlidingCounter(p), State::SlidingCounter(_, s)) => {
             step(s, cost, |s| p.decide(s, now, cost))
         }
         (policy, stored) => decide_then_apply(policy, stored, now, cost),
@@ -142,7 +193,9 @@ fn decide_then_apply(policy: &Policy, stored: &mut State, now: Timestamp, cost: 
     let (update, d) = decide(policy, Some(stored), now, cost);
     if d.allowed && cost > 0 {
         if let Some(fresh) = apply(policy, Some(stored), update, now) {
+            let meta = stored.meta();
             *stored = fresh;
+            *stored.meta_mut() = meta;
         }
     }
     d
@@ -158,23 +211,23 @@ pub(crate) fn apply(
 ) -> Option<State> {
     match (update, stored, policy) {
         (Update::Set(state), _, _) => Some(state),
-        (Update::Record(cost), Some(State::SlidingLog(log)), Policy::SlidingLog(p)) => {
+        (Update::Record(cost), Some(State::SlidingLog(_, log)), Policy::SlidingLog(p)) => {
             p.record(log, now, cost);
             None
         }
         (Update::Record(cost), _, Policy::SlidingLog(p)) => {
             let mut log = Box::<SlidingLogState>::default();
             p.record(&mut log, now, cost);
-            Some(State::SlidingLog(log))
+            Some(State::SlidingLog(Meta::default(), log))
         }
-        (Update::Record(cost), Some(State::BucketedWindow(b)), Policy::BucketedWindow(p)) => {
+        (Update::Record(cost), Some(State::BucketedWindow(_, b)), Policy::BucketedWindow(p)) => {
             p.record(b, now, cost);
             None
         }
         (Update::Record(cost), _, Policy::BucketedWindow(p)) => {
             let mut b = Box::<BucketedWindowState>::default();
             p.record(&mut b, now, cost);
-            Some(State::BucketedWindow(b))
+            Some(State::BucketedWindow(Meta::default(), b))
         }
         (Update::Record(_), _, _) => None,
     }
