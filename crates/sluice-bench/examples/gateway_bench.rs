@@ -39,7 +39,7 @@ use sluice_gateway::{Gateway, GatewayOptions};
 /// The allocator `sluice proxy` runs with, so that the gateway measured here costs what the
 /// binary's does.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: sluice_alloc::Allocator = sluice_alloc::Allocator;
 
 const RULES: &str = r#"
 domain: bench

@@ -531,6 +531,19 @@ async fn bad_http_input_gets_a_problem_naming_the_field() {
         problem["detail"].as_str().unwrap().contains("trailing"),
         "{problem}"
     );
+    // A string that is not UTF-8 (a lone continuation byte in the value).
+    for path in ["/json", "/v1/check"] {
+        let mut body =
+            br#"{"domain": "shop", "descriptors": [{"entries": [{"key": "a", "value": "x"#.to_vec();
+        body.extend_from_slice(b"\x80\"}]}]}");
+        let r = h.http.post(h.url(path)).body(body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{path}");
+        let problem: Value = r.json().await.unwrap();
+        assert!(
+            problem["detail"].as_str().unwrap().contains("not UTF-8"),
+            "{path} {problem}"
+        );
+    }
     let r = h
         .http
         .post(h.url("/json"))

@@ -26,7 +26,7 @@ use crate::args::{
 /// thread-local free lists serve that pattern faster than the system allocator. The library
 /// crates leave the choice to whoever embeds them.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: sluice_alloc::Allocator = sluice_alloc::Allocator;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -148,12 +148,16 @@ async fn read_json<T: DeserializeOwned>(body: impl ApiBody) -> Result<T, Problem
         .await
         .map_err(|e| body_problem(&*e))?
         .to_bytes();
+    // JSON is UTF-8 (RFC 8259), and checking the body once lets serde_json read it as `str`,
+    // which does not check every string it reads again.
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| Problem::bad_request(format!("invalid JSON: the body is not UTF-8: {e}")))?;
     // Plain parsing is the fast path; only a body that fails is parsed again, tracking the
     // path, to name the field at fault.
-    if let Ok(value) = serde_json::from_slice(&bytes) {
+    if let Ok(value) = serde_json::from_str(text) {
         return Ok(value);
     }
-    let mut de = serde_json::Deserializer::from_slice(&bytes);
+    let mut de = serde_json::Deserializer::from_str(text);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let field = e.path().to_string();
         Problem::bad_request(format!("invalid JSON: {}", e.inner())).with_field(field)
