@@ -151,8 +151,13 @@ impl Connection {
         args: &[String],
     ) -> RedisResult<Value> {
         let call = |name: &str, body: &str| {
-            let mut c = redis::cmd(name);
-            c.arg(body).arg(keys.len()).arg(keys).arg(args);
+            // Sized up front, so that adding the arguments never grows the command's buffers.
+            let bytes = name.len()
+                + body.len()
+                + 20
+                + keys.iter().chain(args).map(String::len).sum::<usize>();
+            let mut c = Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
+            c.arg(name).arg(body).arg(keys.len()).arg(keys).arg(args);
             c
         };
         match self.send(&call("EVALSHA", &script.sha)).await {

@@ -313,14 +313,19 @@ impl RedisStore {
         let inner = &self.inner;
         let (values, first_error) = self
             .guarded(async {
-                // Even for one call: join_all keeps the call's future on the heap, so the state
-                // machines around it stay small and cheap to move.
-                let replies = join_all(
-                    calls
-                        .iter()
-                        .map(|(k, a)| inner.conn.eval(&scripts::CHECK, k, a)),
-                )
-                .await;
+                // The call's future goes on the heap, so that the state machines around it stay
+                // small and cheap to move; one call (every call off a Cluster) needs no join.
+                let replies = match calls.as_slice() {
+                    [(k, a)] => vec![Box::pin(inner.conn.eval(&scripts::CHECK, k, a)).await],
+                    calls => {
+                        join_all(
+                            calls
+                                .iter()
+                                .map(|(k, a)| inner.conn.eval(&scripts::CHECK, k, a)),
+                        )
+                        .await
+                    }
+                };
                 // When every slot failed, the call failed. When only some did, the others are
                 // decoded below so that what they reserved can be given back.
                 let mut first_error = None;
