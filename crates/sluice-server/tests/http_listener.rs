@@ -126,6 +126,46 @@ async fn status_of(server: &Server, raw: &[u8]) -> String {
 }
 
 #[tokio::test]
+async fn a_body_sent_in_several_chunks_is_read_whole() {
+    let (server, _dir) = start().await;
+    // Each request is its key's first, so each is admitted whenever the test runs; the answer
+    // names the rule's limit only if the domain, key and value all arrived.
+    for (path, value, named) in [
+        ("/json", "chunked-json", r#""requestsPerUnit":2"#),
+        ("/v1/check", "chunked-check", r#""limit":2"#),
+    ] {
+        let body = format!(
+            r#"{{"domain":"shop","descriptors":[{{"entries":[{{"key":"user","value":"{value}"}}]}}]}}"#
+        );
+        // Three chunks, the first two ending inside a name and inside a string, each written
+        // and flushed on its own.
+        let (a, rest) = body.split_at(10);
+        let (b, c) = rest.split_at(40);
+        let mut s = tokio::net::TcpStream::connect(server.http_addr())
+            .await
+            .unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        for chunk in [a, b, c] {
+            s.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())
+                .await
+                .unwrap();
+            s.flush().await.unwrap();
+        }
+        s.write_all(b"0\r\n\r\n").await.unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{path}: {text}");
+        assert!(text.contains(named), "{path}: {text}");
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_broken_chunked_body_is_a_bad_request_and_a_huge_one_too_large() {
     let (server, _dir) = start().await;
     for path in ["/json", "/v1/check"] {

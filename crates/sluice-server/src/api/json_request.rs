@@ -32,21 +32,21 @@ fn flex_u64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Er
     })
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 struct JsonEntry {
     key: String,
     #[serde(default)]
     value: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 struct JsonOverride {
     #[serde(alias = "requestsPerUnit", deserialize_with = "flex_u64", default)]
     requests_per_unit: Option<u64>,
     unit: Value,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 struct JsonDescriptor {
     #[serde(default)]
     entries: Vec<JsonEntry>,
@@ -59,7 +59,7 @@ struct JsonDescriptor {
     cost: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 pub(super) struct JsonRequest {
     #[serde(default)]
     domain: String,
@@ -70,6 +70,170 @@ pub(super) struct JsonRequest {
     /// Sluice's native name for the request's cost.
     #[serde(default, deserialize_with = "flex_u64")]
     cost: Option<u64>,
+}
+
+impl JsonDescriptor {
+    /// One descriptor, for [`JsonRequest::parse_plain`].
+    fn parse_plain(c: &mut Cursor<'_>) -> Option<JsonDescriptor> {
+        let mut d = JsonDescriptor {
+            entries: Vec::new(),
+            limit: None,
+            hits_addend: None,
+            cost: None,
+        };
+        let mut entries = false;
+        c.object(|c, field| {
+            match field {
+                "entries" => {
+                    once(&mut entries)?;
+                    c.array(|c| {
+                        d.entries.push(JsonEntry::parse_plain(c)?);
+                        Some(())
+                    })?;
+                }
+                "hits_addend" | "hitsAddend" => set_once(&mut d.hits_addend, c.count()?)?,
+                "cost" => set_once(&mut d.cost, c.count()?)?,
+                _ => return None,
+            }
+            Some(())
+        })?;
+        Some(d)
+    }
+}
+
+impl JsonEntry {
+    /// One entry, for [`JsonRequest::parse_plain`]: a key is required, as serde requires it.
+    fn parse_plain(c: &mut Cursor<'_>) -> Option<JsonEntry> {
+        let (mut key, mut value) = (None, None);
+        c.object(|c, field| {
+            let slot = match field {
+                "key" => &mut key,
+                "value" => &mut value,
+                _ => return None,
+            };
+            set_once(slot, c.string()?.to_owned())
+        })?;
+        Some(JsonEntry {
+            key: key?,
+            value: value.unwrap_or_default(),
+        })
+    }
+}
+
+/// Marks a field as read; `None` if it was already (serde refuses a duplicate field).
+fn once(seen: &mut bool) -> Option<()> {
+    (!std::mem::replace(seen, true)).then_some(())
+}
+
+/// Sets a field read once; `None` if it was already set.
+fn set_once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
+    slot.is_none().then(|| *slot = Some(value))
+}
+
+/// A reader over a JSON text for [`JsonRequest::parse_plain`]. Every method returns `None` on
+/// anything outside the plain shape it reads, valid JSON or not.
+struct Cursor<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(text: &'a str) -> Self {
+        Cursor { text, at: 0 }
+    }
+
+    /// The next byte after whitespace, not consumed.
+    fn peek(&mut self) -> Option<u8> {
+        let bytes = self.text.as_bytes();
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = bytes.get(self.at) {
+            self.at += 1;
+        }
+        bytes.get(self.at).copied()
+    }
+
+    /// Consumes `byte` after whitespace.
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.peek()? == byte).then(|| self.at += 1)
+    }
+
+    /// Nothing but whitespace left.
+    fn end(&mut self) -> Option<()> {
+        self.peek().is_none().then_some(())
+    }
+
+    /// A string without escapes or control characters, as the text holds it.
+    fn string(&mut self) -> Option<&'a str> {
+        self.eat(b'"')?;
+        let rest = &self.text.as_bytes()[self.at..];
+        let len = rest
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        if rest[len] != b'"' {
+            return None;
+        }
+        let s = &self.text[self.at..self.at + len];
+        self.at += len + 1;
+        Some(s)
+    }
+
+    /// A whole number written as plain digits (no sign, fraction, exponent or leading zero)
+    /// that fits in 64 bits.
+    fn count(&mut self) -> Option<u64> {
+        self.peek()?;
+        let rest = &self.text.as_bytes()[self.at..];
+        let len = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if len == 0
+            || (len > 1 && rest[0] == b'0')
+            || matches!(rest.get(len), Some(b'.' | b'e' | b'E'))
+        {
+            return None;
+        }
+        let n = rest[..len].iter().try_fold(0u64, |n, &d| {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        })?;
+        self.at += len;
+        Some(n)
+    }
+
+    /// An object: `field` reads each member's value after its name.
+    fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        if self.eat(b'}').is_some() {
+            return Some(());
+        }
+        loop {
+            let name = self.string()?;
+            self.eat(b':')?;
+            field(self, name)?;
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// An array: `item` reads each element.
+    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b'[')?;
+        if self.eat(b']').is_some() {
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            match self.peek()? {
+                b',' => self.at += 1,
+                b']' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
 }
 
 fn parse_unit(v: &Value, field: String) -> Result<Unit, Problem> {
@@ -91,6 +255,43 @@ fn parse_unit(v: &Value, field: String) -> Result<Unit, Problem> {
 }
 
 impl JsonRequest {
+    /// Reads `text` the way serde reads it, for the bodies clients send every time: fields of
+    /// this shape only (no limit override), strings without escapes, counts as plain digits,
+    /// each field at most once. `None` for anything else, which [`serde_json`] then reads (and
+    /// refuses, naming the fault, when it is not a valid request); a unit test holds the two
+    /// to the same result.
+    pub(super) fn parse_plain(text: &str) -> Option<JsonRequest> {
+        let mut c = Cursor::new(text);
+        let mut request = JsonRequest {
+            domain: String::new(),
+            descriptors: Vec::new(),
+            hits_addend: None,
+            cost: None,
+        };
+        let (mut domain, mut descriptors) = (false, false);
+        c.object(|c, field| {
+            match field {
+                "domain" => {
+                    once(&mut domain)?;
+                    request.domain = c.string()?.to_owned();
+                }
+                "descriptors" => {
+                    once(&mut descriptors)?;
+                    c.array(|c| {
+                        request.descriptors.push(JsonDescriptor::parse_plain(c)?);
+                        Some(())
+                    })?;
+                }
+                "hits_addend" | "hitsAddend" => set_once(&mut request.hits_addend, c.count()?)?,
+                "cost" => set_once(&mut request.cost, c.count()?)?,
+                _ => return None,
+            }
+            Some(())
+        })?;
+        c.end()?;
+        Some(request)
+    }
+
     /// The request to decide, and the request-level cost as sent (0 when unset), which the
     /// Envoy answer's dynamic metadata repeats.
     pub(super) fn into_limit_request(self) -> Result<(LimitRequest, u64), Problem> {
@@ -131,5 +332,183 @@ impl JsonRequest {
             cost: sent.max(1),
         };
         Ok((request, sent))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// What serde makes of `text`, the reference the hand reader must agree with.
+    fn by_serde(text: &str) -> Result<JsonRequest, String> {
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_bodies_clients_send_are_read_by_hand_as_serde_reads_them() {
+        let bodies = [
+            r#"{"domain":"bench","descriptors":[{"entries":[{"key":"user","value":"u7"}]}]}"#,
+            "{ \"descriptors\" : [ { \"entries\" : [ { \"value\" : \"é日本\" , \"key\" : \"k\" } ,\n\
+             {\"key\":\"path\"} ] , \"hitsAddend\" : 3 } , {\"entries\":[],\"cost\":0} ] ,\r\n\
+             \t\"domain\" : \"shop\" , \"hits_addend\" : 18446744073709551615 }  ",
+            r#"{"domain":"d","descriptors":[]}"#,
+            r#"{}"#,
+            r#"{"domain":"d","descriptors":[{},{"entries":[{"key":""}]}],"cost":12}"#,
+        ];
+        for text in bodies {
+            let plain = JsonRequest::parse_plain(text);
+            assert!(plain.is_some(), "read by hand: {text}");
+            assert_eq!(plain.ok_or_else(String::new), by_serde(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn anything_else_is_left_to_serde() {
+        let bodies = [
+            // Escapes, a control character, a limit override, an unknown field.
+            r#"{"domain":"a\"b","descriptors":[]}"#,
+            r#"{"domain":"\u0041","descriptors":[]}"#,
+            "{\"domain\":\"a\u{1}b\"}",
+            r#"{"domain":"d","descriptors":[{"entries":[],"limit":{"requests_per_unit":1,"unit":"SECOND"}}]}"#,
+            r#"{"domain":"d","extra":1}"#,
+            // Counts as strings, fractions, exponents, signs, leading zeros, past 64 bits.
+            r#"{"cost":"5"}"#,
+            r#"{"cost":5.0}"#,
+            r#"{"cost":1e2}"#,
+            r#"{"cost":-1}"#,
+            r#"{"cost":05}"#,
+            r#"{"cost":18446744073709551616}"#,
+            // Duplicates, under one name or under both of an alias.
+            r#"{"domain":"a","domain":"b"}"#,
+            r#"{"hits_addend":1,"hitsAddend":2}"#,
+            r#"{"descriptors":[{"entries":[{"key":"a","key":"b"}]}]}"#,
+            // A missing key, nulls, trailing text, broken syntax.
+            r#"{"descriptors":[{"entries":[{"value":"v"}]}]}"#,
+            r#"{"domain":null}"#,
+            r#"{"domain":"d"} {"#,
+            r#"{"domain":"d",}"#,
+            r#"{"descriptors":[{"entries":[],}]}"#,
+            r#"{"domain":"d""#,
+            "",
+        ];
+        for text in bodies {
+            assert_eq!(JsonRequest::parse_plain(text), None, "{text}");
+        }
+    }
+
+    /// The text of an object of `members`, `(name, value)` pairs as written, with `space`
+    /// between every token.
+    fn object(members: &[(&str, String)], space: &str) -> String {
+        let members: Vec<String> = members
+            .iter()
+            .map(|(name, value)| format!("\"{name}\"{space}:{space}{value}"))
+            .collect();
+        format!(
+            "{{{space}{}{space}}}",
+            members.join(&format!("{space},{space}"))
+        )
+    }
+
+    fn array(items: &[String], space: &str) -> String {
+        format!(
+            "[{space}{}{space}]",
+            items.join(&format!("{space},{space}"))
+        )
+    }
+
+    fn any_string() -> impl Strategy<Value = String> {
+        prop::sample::select(vec![
+            r#""user""#,
+            r#""""#,
+            r#""a b""#,
+            r#""é日本""#,
+            r#""q\"uote""#,
+            r#""\u0041""#,
+            "\"raw\ttab\"",
+            "null",
+            "7",
+        ])
+        .prop_map(str::to_owned)
+    }
+
+    fn any_count() -> impl Strategy<Value = String> {
+        prop::sample::select(vec![
+            "0",
+            "5",
+            "05",
+            "5.0",
+            "1e2",
+            "-1",
+            "2.5",
+            "9007199254740993",
+            "18446744073709551615",
+            "18446744073709551616",
+            r#""7""#,
+            "null",
+        ])
+        .prop_map(str::to_owned)
+    }
+
+    fn any_space() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec!["", " ", "\n  ", "\t", "\r\n"])
+    }
+
+    fn any_entry(space: &'static str) -> impl Strategy<Value = String> {
+        let member = prop_oneof![
+            any_string().prop_map(|v| ("key", v)),
+            any_string().prop_map(|v| ("value", v)),
+            Just(("other", "1".to_owned())),
+        ];
+        prop::collection::vec(member, 0..4).prop_map(move |m| object(&m, space))
+    }
+
+    fn any_descriptor(space: &'static str) -> impl Strategy<Value = String> {
+        let entries = prop::collection::vec(any_entry(space), 0..3);
+        let member = prop_oneof![
+            4 => entries.prop_map(move |e| ("entries", array(&e, space))),
+            1 => any_count().prop_map(|v| ("hits_addend", v)),
+            1 => any_count().prop_map(|v| ("hitsAddend", v)),
+            1 => any_count().prop_map(|v| ("cost", v)),
+            1 => Just(("limit", r#"{"requests_per_unit":5,"unit":"SECOND"}"#.to_owned())),
+        ];
+        prop::collection::vec(member, 0..4).prop_map(move |m| object(&m, space))
+    }
+
+    fn any_request() -> impl Strategy<Value = String> {
+        any_space().prop_flat_map(|space| {
+            let descriptors = prop::collection::vec(any_descriptor(space), 0..3);
+            let member = prop_oneof![
+                3 => any_string().prop_map(|v| ("domain", v)),
+                3 => descriptors.prop_map(move |d| ("descriptors", array(&d, space))),
+                1 => any_count().prop_map(|v| ("hits_addend", v)),
+                1 => any_count().prop_map(|v| ("hitsAddend", v)),
+                1 => any_count().prop_map(|v| ("cost", v)),
+                1 => Just(("extra", "true".to_owned())),
+            ];
+            (
+                prop::collection::vec(member, 0..5),
+                any_space(),
+                any::<bool>(),
+            )
+                .prop_map(move |(m, tail, trailing)| {
+                    let text = object(&m, space) + tail;
+                    if trailing { text + "x" } else { text }
+                })
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// Whatever the hand reader accepts, serde reads to the same request; whatever serde
+        /// refuses, the hand reader does not accept.
+        #[test]
+        fn the_hand_reader_agrees_with_serde(text in any_request()) {
+            if let Some(plain) = JsonRequest::parse_plain(&text) {
+                prop_assert_eq!(Ok(plain), by_serde(&text), "{}", text);
+            }
+        }
     }
 }
