@@ -1,6 +1,7 @@
 //! What Sluice's tests share: rules in a temp dir, limiters over them on fake clocks, a clock
 //! that follows tokio's paused time, a real upstream on a loopback port, free and closed ports,
-//! and real processes killed by PID when dropped ([`process`]).
+//! real processes killed by PID when dropped ([`process`]), and the answers of counters whose
+//! windows are aligned to the real clock ([`window`]).
 //! Dev-only: no published crate depends on it.
 
 #![forbid(unsafe_code)]
@@ -23,6 +24,7 @@ use sluice_rules::Reloader;
 
 pub mod process;
 pub mod tls;
+pub mod window;
 
 /// `rules` (YAML text) written to `name` in a new temp dir, which must outlive its use.
 pub fn rules_file(name: &str, rules: &str) -> (std::path::PathBuf, tempfile::TempDir) {

@@ -16,13 +16,17 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice_testing::process::{Spawned, free_addr, spawn_command_listening};
+use sluice_testing::window::LatestWindow;
 use tonic::transport::Channel;
 
+/// Two a day, in envoyproxy/ratelimit's own format: its windows are aligned to the clock, so a
+/// day can still end between two checks (at midnight UTC), and the checks are recorded in a
+/// [`LatestWindow`] and held to what one day answers.
 const RULES: &str = "domain: rl
 descriptors:
   - key: generic_key
     value: slow
-    rate_limit: {unit: minute, requests_per_unit: 2}
+    rate_limit: {unit: day, requests_per_unit: 2}
 ";
 
 /// envoyproxy/ratelimit's layout: `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml`.
@@ -79,6 +83,30 @@ async fn ask(client: &mut RateLimitServiceClient<Channel>) -> RateLimitResponse 
         .await
         .unwrap()
         .into_inner()
+}
+
+/// The time until the window of the answer's one descriptor resets.
+fn reset(r: &RateLimitResponse) -> Duration {
+    let d = r.statuses[0]
+        .duration_until_reset
+        .expect("a reset for a limited descriptor");
+    Duration::new(
+        u64::try_from(d.seconds).unwrap(),
+        u32::try_from(d.nanos).unwrap(),
+    )
+}
+
+/// Asks until `day` holds `n` answers of one day.
+async fn ask_until(
+    client: &mut RateLimitServiceClient<Channel>,
+    day: &mut LatestWindow<RateLimitResponse>,
+    n: usize,
+) {
+    while day.len() < n {
+        let r = ask(client).await;
+        let until = reset(&r);
+        day.push(r, until);
+    }
 }
 
 fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
@@ -151,10 +179,14 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .unwrap();
-    let first = ask(&mut client).await;
+    let mut day = LatestWindow::new();
+    ask_until(&mut client, &mut day, 3).await;
+    let [first, second, third] = day.answers() else {
+        unreachable!()
+    };
     assert_eq!(first.overall_code, Code::Ok as i32);
     assert_eq!(
-        headers(&first),
+        headers(first),
         [
             ("RateLimit-Limit".to_owned(), "2".to_owned()),
             ("RateLimit-Remaining".to_owned(), "1".to_owned()),
@@ -168,12 +200,12 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
             ),
         ]
     );
-    assert_eq!(ask(&mut client).await.overall_code, Code::Ok as i32);
-    let third = ask(&mut client).await;
+    assert_eq!(second.overall_code, Code::Ok as i32);
     assert_eq!(third.overall_code, Code::OverLimit as i32);
-    assert_eq!(headers(&third)[1].1, "0");
+    assert_eq!(headers(third)[1].1, "0");
 
-    // The counters are in the Redis that REDIS_URL names, under CACHE_KEY_PREFIX.
+    // The counters are in the Redis that REDIS_URL names, under CACHE_KEY_PREFIX: one per day
+    // the checks fell in (the day before a midnight in the test may have expired already).
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))
         .query(
@@ -183,7 +215,7 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
                 .unwrap(),
         )
         .unwrap();
-    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!((1..=day.windows()).contains(&keys.len()), "{keys:?}");
 
     let web = reqwest::Client::new();
     let health = web
@@ -202,7 +234,7 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
         .await
         .unwrap();
     assert!(
-        rlconfig.contains("rl.generic_key_slow: unit=MINUTE requests_per_unit=2"),
+        rlconfig.contains("rl.generic_key_slow: unit=DAY requests_per_unit=2"),
         "{rlconfig}"
     );
     let metrics = web
@@ -226,6 +258,33 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
         "{stderr}"
     );
     assert!(stderr.contains("REDIS_POOL_SIZE"), "{stderr}");
+}
+
+/// Envoy's `/json` on `http` for `generic_key=slow`, answered with a 200: how it came, its overall
+/// code and its descriptor's, and the time until the descriptor's window resets.
+async fn envoy_json(http: &str) -> ((&'static str, String, String), Duration) {
+    let json = reqwest::Client::new()
+        .post(format!("http://{http}/json"))
+        .body(
+            r#"{"domain":"rl","descriptors":[{"entries":[{"key":"generic_key","value":"slow"}]}]}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json.status(), 200);
+    let body: serde_json::Value = json.json().await.unwrap();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_else(|| panic!("{body}")).to_owned();
+    let until = text(&body["statuses"][0]["durationUntilReset"]);
+    let until = until
+        .strip_suffix('s')
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{body}"));
+    let said = (
+        "/json",
+        text(&body["overallCode"]),
+        text(&body["statuses"][0]["code"]),
+    );
+    (said, Duration::from_secs_f64(until))
 }
 
 async fn tls_client(
@@ -288,26 +347,38 @@ async fn serve_envoy_env_speaks_mutual_tls_and_the_global_shadow_mode() {
     assert!(refused, "a client without a certificate was answered");
 
     let mut client = tls_client(&grpc, &ca_pem, Some(&client)).await.unwrap();
-    for _ in 0..2 {
-        assert_eq!(ask(&mut client).await.overall_code, Code::Ok as i32);
+    // Two of the day's two through gRPC, a third, then one through /json, in one day.
+    let mut day = LatestWindow::new();
+    while day.len() < 4 {
+        if day.len() < 3 {
+            let r = ask(&mut client).await;
+            let code = |c: i32| Code::try_from(c).unwrap().as_str_name().to_owned();
+            let said = ("gRPC", code(r.overall_code), code(r.statuses[0].code));
+            day.push(said, reset(&r));
+        } else {
+            let (said, until) = envoy_json(&http).await;
+            day.push(said, until);
+        }
     }
-    // Over the limit: the descriptor says so, the answer is OK (SHADOW_MODE).
-    let third = ask(&mut client).await;
-    assert_eq!(third.statuses[0].code, Code::OverLimit as i32);
-    assert_eq!(third.overall_code, Code::Ok as i32);
-    // /json answers the same, with a 200.
-    let json = reqwest::Client::new()
-        .post(format!("http://{http}/json"))
-        .body(
-            r#"{"domain":"rl","descriptors":[{"entries":[{"key":"generic_key","value":"slow"}]}]}"#,
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(json.status(), 200);
-    let body: serde_json::Value = json.json().await.unwrap();
-    assert_eq!(body["overallCode"], "OK", "{body}");
-    assert_eq!(body["statuses"][0]["code"], "OVER_LIMIT", "{body}");
+    // Over the limit, the descriptor says so and the answer is OK (SHADOW_MODE); /json answers
+    // the same, with a 200.
+    let said: Vec<(&str, &str)> = day
+        .answers()
+        .iter()
+        .map(|(_, overall, descriptor)| (overall.as_str(), descriptor.as_str()))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            ("OK", "OK"),
+            ("OK", "OK"),
+            ("OK", "OVER_LIMIT"),
+            ("OK", "OVER_LIMIT")
+        ],
+        "{:?}",
+        day.answers()
+    );
+    assert_eq!(day.answers()[3].0, "/json");
 
     assert!(terminate(&mut process).success());
     let stderr = std::fs::read_to_string(&log).unwrap();

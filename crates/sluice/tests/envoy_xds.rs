@@ -15,15 +15,16 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 use prost::Message as _;
 use sluice_testing::process::{free_addr, spawn_command_listening};
+use sluice_testing::window::LatestWindow;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -107,7 +108,11 @@ async fn request_of(stream: &mut Streaming<DiscoveryRequest>) -> DiscoveryReques
     next("request", async { stream.message().await.unwrap() }).await
 }
 
-async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>, domain: &str) -> i32 {
+/// The answer to one check of `generic_key=slow` in `domain`.
+async fn check(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    domain: &str,
+) -> RateLimitResponse {
     let request = RateLimitRequest {
         domain: domain.into(),
         descriptors: vec![RequestDescriptor {
@@ -124,7 +129,34 @@ async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>, do
         .await
         .unwrap()
         .into_inner()
-        .overall_code
+}
+
+/// The overall code of one check of `generic_key=slow` in `domain`.
+async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>, domain: &str) -> i32 {
+    check(client, domain).await.overall_code
+}
+
+/// The limits here are Envoy's `unit: DAY`, whose windows are aligned to the clock: a day can end
+/// between two checks (at midnight UTC). Checks `domain`'s counter until `day` holds `n` answers
+/// of one day, and returns their overall codes, to be held to what one day answers.
+async fn codes_in_one_day(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    domain: &str,
+    day: &mut LatestWindow<i32>,
+    n: usize,
+) -> Vec<i32> {
+    while day.len() < n {
+        let r = check(client, domain).await;
+        let until = r.statuses[0]
+            .duration_until_reset
+            .expect("a reset for a limited descriptor");
+        let until = Duration::new(
+            u64::try_from(until.seconds).unwrap(),
+            u32::try_from(until.nanos).unwrap(),
+        );
+        day.push(r.overall_code, until);
+    }
+    day.answers().to_vec()
 }
 
 /// An xDS server on loopback handing its streams to the test.
@@ -211,7 +243,7 @@ async fn without_force_start_it_serves_once_the_first_rules_load() {
     assert!(nack.error_detail.is_some());
     // Subscribed and answered, yet not serving.
     assert!(std::net::TcpStream::connect(&grpc).is_err());
-    let good = vec![config("eg", RateLimitUnit::Minute, 1)];
+    let good = vec![config("eg", RateLimitUnit::Day, 1)];
     responses.send(Ok(response("2", "n2", good))).await.unwrap();
     assert_eq!(request_of(&mut requests).await.version_info, "2");
     let deadline = std::time::Instant::now() + STEP;
@@ -225,8 +257,11 @@ async fn without_force_start_it_serves_once_the_first_rules_load() {
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .unwrap();
-    assert_eq!(code(&mut client, "eg").await, Code::Ok as i32);
-    assert_eq!(code(&mut client, "eg").await, Code::OverLimit as i32);
+    let mut day = LatestWindow::new();
+    assert_eq!(
+        codes_in_one_day(&mut client, "eg", &mut day, 2).await,
+        [Code::Ok as i32, Code::OverLimit as i32]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,8 +289,8 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
     assert_eq!(code(&mut client, "eg").await, Code::Ok as i32);
     assert_eq!(health(&http).await, 500);
 
-    // Version 1: two a minute. ACKed, then enforced.
-    let one = vec![config("eg", RateLimitUnit::Minute, 2)];
+    // Version 1: two a day. ACKed, then enforced.
+    let one = vec![config("eg", RateLimitUnit::Day, 2)];
     responses.send(Ok(response("1", "n1", one))).await.unwrap();
     let ack = request_of(&mut requests).await;
     assert_eq!(
@@ -263,19 +298,15 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
         ("1", "n1")
     );
     assert!(ack.error_detail.is_none(), "{ack:?}");
-    let codes = [
-        code(&mut client, "eg").await,
-        code(&mut client, "eg").await,
-        code(&mut client, "eg").await,
-    ];
+    let mut eg = LatestWindow::new();
     assert_eq!(
-        codes,
+        codes_in_one_day(&mut client, "eg", &mut eg, 3).await,
         [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
     );
 
     // Version 2 is bad (a unit that is no unit): NACKed with the reason, version 1 stays.
     let bad = vec![
-        config("other", RateLimitUnit::Minute, 1),
+        config("other", RateLimitUnit::Day, 1),
         config("eg", RateLimitUnit::Unknown, 100),
     ];
     responses.send(Ok(response("2", "n2", bad))).await.unwrap();
@@ -292,7 +323,16 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
         reason.contains("xds:eg-config") && reason.contains("unit"),
         "{reason}"
     );
-    assert_eq!(code(&mut client, "eg").await, Code::OverLimit as i32);
+    // Version 1's two a day still hold: a fourth check in the day is refused.
+    assert_eq!(
+        codes_in_one_day(&mut client, "eg", &mut eg, 4).await,
+        [
+            Code::Ok as i32,
+            Code::Ok as i32,
+            Code::OverLimit as i32,
+            Code::OverLimit as i32
+        ]
+    );
     assert_eq!(code(&mut client, "other").await, Code::Ok as i32);
     assert_eq!(code(&mut client, "other").await, Code::Ok as i32);
 
@@ -304,10 +344,10 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
     assert_eq!(again.version_info, "1");
     assert_eq!(again.node.unwrap().id, "sluice-test-node");
 
-    // Version 3 on the new stream: the other domain, one a minute.
+    // Version 3 on the new stream: the other domain, one a day.
     let three = vec![
-        config("eg", RateLimitUnit::Minute, 2),
-        config("other", RateLimitUnit::Minute, 1),
+        config("eg", RateLimitUnit::Day, 2),
+        config("other", RateLimitUnit::Day, 1),
     ];
     responses
         .send(Ok(response("3", "n3", three)))
@@ -318,8 +358,11 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
         (ack.version_info.as_str(), ack.response_nonce.as_str()),
         ("3", "n3")
     );
-    assert_eq!(code(&mut client, "other").await, Code::Ok as i32);
-    assert_eq!(code(&mut client, "other").await, Code::OverLimit as i32);
+    let mut other = LatestWindow::new();
+    assert_eq!(
+        codes_in_one_day(&mut client, "other", &mut other, 2).await,
+        [Code::Ok as i32, Code::OverLimit as i32]
+    );
 }
 
 /// Envoy Gateway's contract whole: the binary as `ratelimit` takes its rules from an xDS server
@@ -370,7 +413,7 @@ async fn envoy_gateways_contract_xds_and_grpc_over_mutual_tls() {
     // The subscription arrives over mutual TLS: the server asked for a client certificate.
     let (mut requests, responses) = next("stream over TLS", streams.recv()).await;
     assert_eq!(request_of(&mut requests).await.type_url, TYPE);
-    let rules = vec![config("eg", RateLimitUnit::Minute, 1)];
+    let rules = vec![config("eg", RateLimitUnit::Day, 1)];
     responses
         .send(Ok(response("1", "n1", rules)))
         .await
@@ -389,8 +432,11 @@ async fn envoy_gateways_contract_xds_and_grpc_over_mutual_tls() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(code(&mut client, "eg").await, Code::Ok as i32);
-    assert_eq!(code(&mut client, "eg").await, Code::OverLimit as i32);
+    let mut day = LatestWindow::new();
+    assert_eq!(
+        codes_in_one_day(&mut client, "eg", &mut day, 2).await,
+        [Code::Ok as i32, Code::OverLimit as i32]
+    );
     assert_eq!(health(&http).await, 200);
 
     // Envoy without a client certificate is refused in the handshake.
