@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice_core::{Check, Policy, Store, StoreError};
-use sluice_redis::testing::{RedisServer, eventually, fifty_per_hour, name, test_options};
+use sluice_redis::testing::{
+    RedisServer, eventually, fifty_per_hour, name, offset_to_window_start, test_options,
+};
 use sluice_redis::{BreakerState, RedisStore};
 
 fn breaker_refusal(e: &StoreError) -> bool {
@@ -96,7 +98,13 @@ async fn killed_redis_opens_the_breaker_and_limiting_resumes_after_restart() {
     }
     assert_eq!(store.breaker_state(), BreakerState::Closed);
 
-    // The restarted Redis is empty; limits are exact on it again, for every algorithm.
+    // The restarted Redis is empty; limits are exact on it again, for every algorithm. The store's
+    // time starts just after an hour of Redis time, so that no hour aligned to the clock ends
+    // during a count.
+    store.set_time_offset(offset_to_window_start(
+        server.port,
+        Duration::from_secs(3600),
+    ));
     for policy in fifty_per_hour() {
         let key = format!("after:{}", name(&policy));
         let mut admitted = 0;
@@ -145,13 +153,18 @@ async fn hung_redis_times_out_then_the_breaker_refuses_at_once() {
 }
 
 /// `SCRIPT FLUSH` (as after a restart or failover) while 16 clients run: every call succeeds,
-/// reloading the scripts on `NOSCRIPT`, and the limit stays exact.
+/// reloading the scripts on `NOSCRIPT`, and the limit stays exact. The store's time starts just
+/// after an hour of Redis time, so that no hour aligned to the clock ends during the count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn script_flush_under_load_causes_no_errors() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url(), test_options())
         .await
         .unwrap();
+    store.set_time_offset(offset_to_window_start(
+        server.port,
+        Duration::from_secs(3600),
+    ));
     let policies: Vec<Arc<Policy>> = fifty_per_hour().into_iter().map(Arc::new).collect();
     let errors = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));

@@ -10,10 +10,12 @@ use sluice_core::MemoryStore;
 use sluice_server::{ServeOptions, Server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Two an hour, in a window that starts at the key's first request: the store reads the real
+/// clock, and a window aligned to it could end among the three checks and admit all three.
 const RULES: &str = "domain: shop
 descriptors:
   - key: user
-    rate_limit: {unit: minute, requests_per_unit: 2}
+    rate_limit: {unit: hour, requests_per_unit: 2, alignment: first_request}
 ";
 
 async fn start() -> (Server, tempfile::TempDir) {

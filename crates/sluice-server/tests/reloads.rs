@@ -13,13 +13,15 @@ use sluice_core::MemoryStore;
 use sluice_rules::ReloadEvent;
 use sluice_server::{ServeOptions, Server};
 
-/// The rules with the varying limit at `n` a minute; the stable limit never changes.
+/// The rules with the varying limit at `n` a minute; the stable limit never changes. The store
+/// reads the real clock, and the reloads take seconds: the stable limit's window starts at its
+/// first request, so that no window aligned to the clock ends between using it and reading it.
 fn rules(n: u32) -> String {
     format!(
         "domain: shop
 descriptors:
   - key: stable
-    rate_limit: {{unit: hour, requests_per_unit: 5}}
+    rate_limit: {{unit: hour, requests_per_unit: 5, alignment: first_request}}
   - key: vary
     rate_limit: {{unit: minute, requests_per_unit: {n}}}
 "

@@ -133,12 +133,31 @@ fn series(metrics: &str, name: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
 }
 
+/// `examples/gateway.yaml` written to `path`, its 5 a minute per IP made 5 an hour from each
+/// address's first request. The proxy reads the real clock, and a minute aligned to it could end
+/// among a test's six requests and let the sixth through; the rest of the example is kept.
+fn example_gateway_without_clock_windows(path: &std::path::Path) {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/gateway.yaml");
+    let text = std::fs::read_to_string(example).unwrap();
+    let minute = "      unit: minute\n      requests_per_unit: 5\n";
+    assert_eq!(
+        text.matches(minute).count(),
+        1,
+        "the example changed:\n{text}"
+    );
+    let hour = "      unit: hour\n      requests_per_unit: 5\n      alignment: first_request\n";
+    std::fs::write(path, text.replace(minute, hour)).unwrap();
+}
+
 #[test]
 fn proxy_limits_before_forwarding_and_reports_a_down_upstream() {
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/gateway.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("gateway.yaml");
+    example_gateway_without_clock_windows(&rules);
     let (listen, upstream) = (free_port(), free_port());
     let mut child = sluice()
-        .args(["proxy", "--config", example])
+        .args(["proxy", "--config"])
+        .arg(&rules)
         .args(["--listen", &format!("127.0.0.1:{listen}")])
         .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
         .env("SLUICE_LOG", "info")
@@ -167,8 +186,7 @@ fn proxy_limits_before_forwarding_and_reports_a_down_upstream() {
 fn proxy_admin_listener_serves_metrics_that_move_and_counts_a_failed_reload() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("gateway.yaml");
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/gateway.yaml");
-    std::fs::copy(example, &rules).unwrap();
+    example_gateway_without_clock_windows(&rules);
     let (listen, admin, upstream) = (free_port(), free_port(), free_port());
     let mut child = sluice()
         .args(["proxy", "--config"])

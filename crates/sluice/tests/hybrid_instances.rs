@@ -11,12 +11,17 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use sluice_redis::testing::{RedisCluster, RedisServer, eventually, unique_prefix, wait_until};
+use sluice_testing::window::clock_window;
 
 /// The four algorithms the hybrid store holds, each at three limits that do not refill while a
-/// test runs (a unit a minute, or a window of an hour or a month).
+/// test runs (a unit a minute, or a window of an hour or a month). The sliding counter's windows
+/// are aligned to the clock (every 30 days from the epoch), so it has a second counter per limit,
+/// `{limit}-again`, for a burst that one of them ended in (see [`send_in_one_window`]); the
+/// fixed windows start at each counter's first request.
 fn rules() -> String {
     // A limit to warm the instances on: connections, the first syncs and the shares settle on
     // it before any measured key sees traffic.
@@ -28,13 +33,16 @@ fn rules() -> String {
             "  - key: token_bucket\n    value: \"{limit}\"\n    rate_limit: {{algorithm: token_bucket, requests_per_unit: 1, unit: minute, burst: {limit}}}\n\
              \x20 - key: gcra\n    value: \"{limit}\"\n    rate_limit: {{algorithm: gcra, requests_per_unit: 1, unit: minute, burst: {limit}}}\n\
              \x20 - key: fixed_window\n    value: \"{limit}\"\n    rate_limit: {{algorithm: fixed_window, alignment: first_request, requests_per_unit: {limit}, window: 1h}}\n\
-             \x20 - key: sliding_counter\n    value: \"{limit}\"\n    rate_limit: {{algorithm: sliding_counter, requests_per_unit: {limit}, window: 30d}}\n"
+             \x20 - key: sliding_counter\n    value: \"{limit}\"\n    rate_limit: {{algorithm: sliding_counter, requests_per_unit: {limit}, window: 30d}}\n\
+             \x20 - key: sliding_counter\n    value: \"{limit}-again\"\n    rate_limit: {{algorithm: sliding_counter, requests_per_unit: {limit}, window: 30d}}\n"
         ));
     }
     yaml
 }
 
 const LIMITS: [u64; 3] = [100, 1_000, 10_000];
+/// The sliding counter's window in [`rules`].
+const SLIDING_COUNTER_WINDOW: Duration = Duration::from_secs(30 * 86_400);
 const ALGORITHMS: [&str; 4] = ["token_bucket", "gcra", "fixed_window", "sliding_counter"];
 
 /// A `sluice serve` child process, killed by PID when dropped.
@@ -141,6 +149,40 @@ async fn send(client: &reqwest::Client, instances: &[String], body: Value, total
     Arc::try_unwrap(answers).unwrap_or_default()
 }
 
+/// [`send`] for `total` requests on `algorithm`'s counter at `limit`. A window of the sliding
+/// counter that ends during its burst splits the count between two windows, and the instances'
+/// grants between them: the burst is sent again, once, on the limit's second counter, in the new
+/// window, where none can end for 30 days.
+async fn send_in_one_window(
+    client: &reqwest::Client,
+    instances: &[String],
+    algorithm: &str,
+    limit: u64,
+    total: u64,
+) -> Answers {
+    let start = clock_window(SLIDING_COUNTER_WINDOW);
+    let answers = send(
+        client,
+        instances,
+        body(algorithm, &limit.to_string()),
+        total,
+    )
+    .await;
+    if algorithm != "sliding_counter" || clock_window(SLIDING_COUNTER_WINDOW) == start {
+        return answers;
+    }
+    println!("a window of the sliding counter ended during its burst at {limit}: sent again");
+    let start = clock_window(SLIDING_COUNTER_WINDOW);
+    let again = body(algorithm, &format!("{limit}-again"));
+    let answers = send(client, instances, again, total).await;
+    assert_eq!(
+        clock_window(SLIDING_COUNTER_WINDOW),
+        start,
+        "two windows of 30 days ended within one test"
+    );
+    answers
+}
+
 /// Three instances on `store`, once each knows the other two.
 async fn three(dir: &Path, store: &str) -> (Vec<Instance>, Vec<String>, reqwest::Client) {
     let path = dir.join("rules.yaml");
@@ -177,7 +219,7 @@ async fn within_five_percent(store: &str) {
             // Enough requests to pass the limit by a fifth, and at least 600 more than the limit:
             // shares converge over a few sync intervals, which a small burst would not span.
             let total = limit + (limit / 5).max(600);
-            let answers = send(&client, &urls, body(algorithm, &limit.to_string()), total).await;
+            let answers = send_in_one_window(&client, &urls, algorithm, limit, total).await;
             let ok = answers.ok.load(Ordering::Relaxed);
             assert_eq!(
                 answers.errors.load(Ordering::Relaxed),
@@ -289,7 +331,7 @@ async fn redis_killed_mid_run_makes_no_error_answers_and_limits_hold_again() {
         .await;
     }
     for algorithm in ALGORITHMS {
-        let answers = send(&client, &urls, body(algorithm, "1000"), 1200).await;
+        let answers = send_in_one_window(&client, &urls, algorithm, 1000, 1200).await;
         let ok = answers.ok.load(Ordering::Relaxed);
         println!("hybrid after redis returned: {algorithm} limit 1000: admitted {ok}");
         assert_eq!(answers.errors.load(Ordering::Relaxed), 0);

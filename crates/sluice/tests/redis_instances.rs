@@ -5,10 +5,12 @@
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use sluice_redis::testing::{RedisCluster, RedisServer, eventually, unique_prefix};
 use sluice_testing::process::{Spawned, free_addr, spawn_listening};
+use sluice_testing::window::{LatestWindow, clock_window};
 
 /// Every algorithm with a limit of 50 that does not refill while a test runs.
 const RULES: &str = r#"
@@ -29,6 +31,10 @@ descriptors:
   - key: global
     rate_limit: {algorithm: fixed_window, alignment: first_request, requests_per_unit: 30, window: 1h}
 "#;
+
+/// The sliding counter's window in [`RULES`]. Unlike every other limit there, its windows are
+/// aligned to the clock: they start on multiples of 30 days since the epoch.
+const SLIDING_COUNTER_WINDOW: Duration = Duration::from_secs(30 * 86_400);
 
 const ALGORITHMS: [&str; 6] = [
     "token_bucket",
@@ -124,6 +130,27 @@ async fn admitted(instances: &[String], body: Value, total: usize) -> usize {
     sum
 }
 
+/// [`admitted`] for `total` requests on `algorithm`'s counter `hot`. A window of the sliding
+/// counter that ends during its burst splits the count between two windows (and the estimate,
+/// which weighs the window before rounded down, may then admit one more than the limit): the
+/// burst is sent again, once, on a fresh counter in the new window, where none can end for 30
+/// days.
+async fn admitted_in_one_window(instances: &[String], algorithm: &str, total: usize) -> usize {
+    let start = clock_window(SLIDING_COUNTER_WINDOW);
+    let n = admitted(instances, body(&[(algorithm, "hot")]), total).await;
+    if algorithm != "sliding_counter" || clock_window(SLIDING_COUNTER_WINDOW) == start {
+        return n;
+    }
+    let start = clock_window(SLIDING_COUNTER_WINDOW);
+    let n = admitted(instances, body(&[(algorithm, "hot-again")]), total).await;
+    assert_eq!(
+        clock_window(SLIDING_COUNTER_WINDOW),
+        start,
+        "two windows of 30 days ended within one test"
+    );
+    n
+}
+
 async fn remaining(instance: &str, descriptor: (&str, &str)) -> u64 {
     let mut b = body(&[descriptor]);
     b["descriptors"][0]["cost"] = json!(0);
@@ -150,7 +177,7 @@ async fn exact_across_instances(store: &str) {
         .collect();
     let urls: Vec<String> = instances.iter().map(|i| i.http.clone()).collect();
     for algorithm in ALGORITHMS {
-        let n = admitted(&urls, body(&[(algorithm, "hot")]), 150).await;
+        let n = admitted_in_one_window(&urls, algorithm, 150).await;
         assert_eq!(n, 50, "{algorithm} on {store}");
     }
     // Two limits per request, on counters in different slots: exactly the smaller limit passes,
@@ -209,7 +236,9 @@ async fn with_redis_down_answers_follow_on_store_error_and_stay_fast() {
     let path = dir.path().join("rules.yaml");
     std::fs::write(
         &path,
-        "domain: multi\ndescriptors:\n  - key: open\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: closed\n    on_store_error: deny\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n  - key: local\n    on_store_error: local\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+        // Windows from the first request: one aligned to the clock could end between the checks
+        // that use a limit up and the one that must be refused.
+        "domain: multi\ndescriptors:\n  - key: open\n    rate_limit: {unit: hour, requests_per_unit: 1, alignment: first_request}\n  - key: closed\n    on_store_error: deny\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n  - key: local\n    on_store_error: local\n    rate_limit: {unit: hour, requests_per_unit: 2, alignment: first_request}\n",
     )
     .unwrap();
     let instance = Instance::start(&path, &redis.url(), &unique_prefix());
@@ -366,17 +395,26 @@ async fn a_yearly_limit_is_enforced_on_redis() {
         Instance::start(&path, &redis.url(), &prefix),
     );
     let client = reqwest::Client::new();
-    let mut answers = Vec::new();
-    for instance in [&a, &b, &a, &b, &a] {
+    // Envoy's years are aligned to the clock: one can end between two checks (at the turn of a
+    // year, UTC). The checks, alternating between the instances, go on until one year holds
+    // five, which must be these.
+    let mut year = LatestWindow::new();
+    while year.len() < 5 {
+        let instance = [&a, &b][year.len() % 2];
         let r = client
             .post(format!("{}/v1/check", instance.http))
             .json(&body(&[("user", "yearly")]))
             .send()
             .await
             .unwrap();
-        answers.push(r.status().as_u16());
+        let status = r.status().as_u16();
+        let answer: Value = r.json().await.unwrap();
+        let reset = answer["descriptors"][0]["limits"][0]["reset_after"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{answer}"));
+        year.push(status, Duration::from_secs_f64(reset));
     }
-    assert_eq!(answers, [200, 200, 200, 429, 429]);
+    assert_eq!(year.answers(), [200, 200, 200, 429, 429]);
 }
 
 /// A reload to rules with a limit Redis cannot hold is refused like an invalid file: the answer
@@ -388,7 +426,7 @@ async fn a_reload_to_rules_redis_cannot_hold_keeps_the_old_rules() {
     let path = dir.path().join("rules.yaml");
     std::fs::write(
         &path,
-        "domain: multi\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+        "domain: multi\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1, alignment: first_request}\n",
     )
     .unwrap();
     let instance = Instance::start(&path, &redis.url(), &unique_prefix());
@@ -421,7 +459,9 @@ fn sluice_listening(args: &[&str], addr: &str) -> Spawned {
 }
 
 /// Two `sluice proxy` gateways on one Redis, in front of a real upstream, share one per-IP limit
-/// exactly, and keep their counters under `--store-prefix`.
+/// exactly, and keep their counters under `--store-prefix`. The limit's window starts at the
+/// first request: one aligned to the clock could end among the five requests, let a fourth
+/// through and leave a second counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_one_redis_share_a_limit_under_their_prefix() {
     let redis = RedisServer::start();
@@ -432,7 +472,7 @@ async fn two_gateways_on_one_redis_share_a_limit_under_their_prefix() {
         "domain: gw
 descriptors:
   - key: client_ip
-    rate_limit: {unit: minute, requests_per_unit: 3}
+    rate_limit: {unit: hour, requests_per_unit: 3, alignment: first_request}
 routes:
   - path: /api/*
     descriptors: [[{key: client_ip, from: client_ip}]]

@@ -45,7 +45,7 @@ const rules = join(dir, "rules.yaml");
 writeFileSync(rules, `domain: shop
 descriptors:
   - key: user
-    rate_limit: {unit: minute, requests_per_unit: 3}
+    rate_limit: {unit: hour, requests_per_unit: 3, alignment: first_request}
 `);
 const [http, grpc] = [await freePort(), await freePort()];
 const server = spawn(process.env.SLUICE_BIN, ["serve", "--config", rules,
@@ -65,7 +65,8 @@ try {
   await until("the page to show live data", async () => (await text("#status")).startsWith("live"));
   if ((await text("#decisions-total")) !== "0") throw new Error("decisions before any traffic");
 
-  // 5 requests for one user at 3 a minute: 3 allowed, 2 limited.
+  // 5 requests for one user at 3 an hour: 3 allowed, 2 limited. The window starts at the first
+  // request: one aligned to the clock could end among the five and let a fourth through.
   for (let i = 0; i < 5; i++) {
     await fetch(base + "/json", { method: "POST", headers: { "content-type": "application/json" },
       body: JSON.stringify({ domain: "shop", descriptors: [{ entries: [{ key: "user", value: "alice" }] }] }) });
