@@ -197,36 +197,34 @@ impl<'a> Cursor<'a> {
 
     /// An object: `field` reads each member's value after its name.
     fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
-        self.eat(b'{')?;
-        if self.eat(b'}').is_some() {
-            return Some(());
-        }
-        loop {
-            let name = self.string()?;
-            self.eat(b':')?;
-            field(self, name)?;
-            match self.peek()? {
-                b',' => self.at += 1,
-                b'}' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
+        self.list(b'{', b'}', |c| {
+            let name = c.string()?;
+            c.eat(b':')?;
+            field(c, name)
+        })
     }
 
     /// An array: `item` reads each element.
-    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
-        self.eat(b'[')?;
-        if self.eat(b']').is_some() {
+    fn array(&mut self, item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.list(b'[', b']', item)
+    }
+
+    /// `open`, then elements read by `item` and separated by commas, then `close`.
+    fn list(
+        &mut self,
+        open: u8,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Option<()>,
+    ) -> Option<()> {
+        self.eat(open)?;
+        if self.eat(close).is_some() {
             return Some(());
         }
         loop {
             item(self)?;
             match self.peek()? {
                 b',' => self.at += 1,
-                b']' => {
+                b if b == close => {
                     self.at += 1;
                     return Some(());
                 }
