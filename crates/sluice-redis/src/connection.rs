@@ -9,18 +9,28 @@
 //!   `MOVED` and `ASK` redirections and slot-map changes;
 //! - Sentinel: the master the Sentinels name, behind a `ConnectionManager`; after a failure the
 //!   next call asks the Sentinels again, so a failover moves the store to the new master.
+//!
+//! On standalone and Sentinel, script calls also go through a batch task that sends the calls
+//! made at about the same moment as one pipeline: one write to the socket for many decisions
+//! instead of one each (see [`run_batches`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
+
+use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    Cmd, ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, ServerErrorKind,
-    Value,
+    Arg, Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError,
+    RedisResult, ServerErrorKind, Value,
 };
+use tokio::sync::{mpsc, oneshot};
 
 use crate::RedisOptions;
 use crate::scripts::Script;
@@ -28,11 +38,38 @@ use crate::url::{RedisUrl, Topology};
 
 /// A connection to whichever topology the URL names. Cheap to clone.
 #[derive(Clone)]
-pub(crate) enum Connection {
+pub(crate) struct Connection {
+    link: Link,
+    /// Where script calls queue for the batch task; `None` on a Cluster, whose calls go to
+    /// the master of their slot one by one.
+    batches: Option<mpsc::UnboundedSender<Call>>,
+}
+
+/// The connection proper, per topology.
+#[derive(Clone)]
+enum Link {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
     Sentinel(Arc<SentinelConnection>),
 }
+
+/// A request to Redis: one command, or a pipeline of them.
+#[derive(Clone, Copy)]
+enum Request<'a> {
+    Cmd(&'a Cmd),
+    Pipeline(&'a Pipeline),
+}
+
+/// One script call waiting for the batch task.
+struct Call {
+    /// `EVALSHA sha numkeys keys… args…`.
+    cmd: Cmd,
+    script: &'static Script,
+    reply: oneshot::Sender<RedisResult<Value>>,
+}
+
+/// The most calls one pipeline carries; a longer queue goes out as several.
+const MAX_BATCH: usize = 256;
 
 /// The Sentinel topology: the Sentinels' client and the current master's connection.
 pub(crate) struct SentinelConnection {
@@ -53,8 +90,172 @@ fn manager_config(connect_timeout: Duration) -> ConnectionManagerConfig {
 }
 
 impl Connection {
-    /// Connects to the servers `url` names.
+    /// Connects to the servers `url` names, and off a Cluster starts the batch task.
     pub(crate) async fn connect(url: &RedisUrl, options: &RedisOptions) -> RedisResult<Self> {
+        let link = Link::connect(url, options).await?;
+        let batches = match link {
+            Link::Cluster(_) => None,
+            Link::Standalone(_) | Link::Sentinel(_) => {
+                let (queue, calls) = mpsc::unbounded_channel();
+                // A batch waits at most this long for its replies: long after every caller in
+                // it has timed out, so this only bounds what a hung server can hold here.
+                let bound = (options.timeout * 10).max(options.connect_timeout);
+                tokio::spawn(run_batches(link.clone(), calls, bound));
+                Some(queue)
+            }
+        };
+        Ok(Connection { link, batches })
+    }
+
+    /// Sends one command, routed by its first key on a Cluster.
+    pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
+        self.link.query(Request::Cmd(cmd)).await
+    }
+
+    /// Runs `script` by `EVALSHA`, loading it with `EVAL` when the server does not know it (after
+    /// a restart, a failover or `SCRIPT FLUSH`). `EVAL` caches the script as it runs it, so the
+    /// next `EVALSHA` finds it: one extra round trip per server per flush.
+    ///
+    /// Off a Cluster the call joins the batch task's next pipeline.
+    pub(crate) async fn eval(
+        &self,
+        script: &'static Script,
+        keys: &[String],
+        args: &[String],
+    ) -> RedisResult<Value> {
+        // Sized up front, so that adding the arguments never grows the command's buffers.
+        let bytes = script.sha.len() + 20 + keys.iter().chain(args).map(String::len).sum::<usize>();
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
+        cmd.arg("EVALSHA")
+            .arg(&script.sha)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        let Some(batches) = &self.batches else {
+            return self.link.eval_sha(&cmd, script).await;
+        };
+        let (reply, answer) = oneshot::channel();
+        if batches.send(Call { cmd, script, reply }).is_err() {
+            return Err(batch_task_gone());
+        }
+        answer.await.unwrap_or_else(|_| Err(batch_task_gone()))
+    }
+}
+
+/// The error a call gets when the batch task is not there to take it: the runtime that ran it
+/// is shutting down.
+fn batch_task_gone() -> RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "the redis batch task has stopped",
+    )
+    .into()
+}
+
+/// The batch task: takes the script calls queued on a connection and sends those that arrived
+/// together as one pipeline, while earlier pipelines wait for their replies.
+///
+/// When the first call of a batch arrives, the task yields once before it takes the queue. Tokio
+/// runs a woken task right after the task that woke it, so without the yield every request
+/// would wake the task and leave in a pipeline of its own; with it, every task that is ready
+/// runs first, and the calls they make go out together: one write to the socket and one wake-up
+/// of Redis for all of them. Each call is still its own atomic script; only the trip is shared.
+/// A lone call costs one more hop between tasks.
+async fn run_batches(link: Link, mut queue: mpsc::UnboundedReceiver<Call>, bound: Duration) {
+    let mut in_flight = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+            first = queue.recv() => {
+                let Some(first) = first else { break };
+                tokio::task::yield_now().await;
+                let mut calls = vec![first];
+                while calls.len() < MAX_BATCH {
+                    match queue.try_recv() {
+                        Ok(call) => calls.push(call),
+                        Err(_) => break,
+                    }
+                }
+                let link = link.clone();
+                in_flight.push(async move {
+                    let _ = tokio::time::timeout(bound, send_batch(&link, calls)).await;
+                });
+            }
+        }
+    }
+    while in_flight.next().await.is_some() {}
+}
+
+/// Sends `calls` as one pipeline (a lone call as itself), retries those the server did not
+/// know the script of with `EVAL`, and answers each caller.
+async fn send_batch(link: &Link, calls: Vec<Call>) {
+    if calls.len() == 1 {
+        for Call { cmd, script, reply } in calls {
+            let _ = reply.send(link.eval_sha(&cmd, script).await);
+        }
+        return;
+    }
+    let mut pipe = Pipeline::with_capacity(calls.len());
+    pipe.ignore_errors();
+    let mut waiting = Vec::with_capacity(calls.len());
+    for Call { cmd, script, reply } in calls {
+        pipe.add_command(cmd);
+        waiting.push((script, reply));
+    }
+    let results: Vec<RedisResult<Value>> = match link
+        .query::<Vec<RedisResult<Value>>>(Request::Pipeline(&pipe))
+        .await
+    {
+        Ok(results) if results.len() == waiting.len() => results,
+        Ok(results) => {
+            let e = RedisError::from((
+                ErrorKind::Client,
+                "a pipeline of script calls",
+                format!("{} replies to {} calls", results.len(), waiting.len()),
+            ));
+            vec![Err(e); waiting.len()]
+        }
+        Err(e) => vec![Err(e); waiting.len()],
+    };
+    let unknown: Vec<usize> = (0..results.len())
+        .filter(|&i| matches!(&results[i], Err(e) if is_no_script(e)))
+        .collect();
+    let mut results = results;
+    if !unknown.is_empty() {
+        let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
+        let retried = join_all(unknown.iter().map(|&i| {
+            let eval = with_body(cmds[i], waiting[i].0);
+            async move { link.query(Request::Cmd(&eval)).await }
+        }))
+        .await;
+        for (i, r) in unknown.into_iter().zip(retried) {
+            results[i] = r;
+        }
+    }
+    for ((_, reply), result) in waiting.into_iter().zip(results) {
+        let _ = reply.send(result);
+    }
+}
+
+fn is_no_script(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// `cmd`, an `EVALSHA`, as the `EVAL` of `script` with the same keys and arguments.
+fn with_body(cmd: &Cmd, script: &Script) -> Cmd {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(&script.body);
+    for arg in cmd.args_iter().skip(2) {
+        if let Arg::Simple(bytes) = arg {
+            eval.arg(bytes);
+        }
+    }
+    eval
+}
+
+impl Link {
+    /// Connects to the servers `url` names.
+    async fn connect(url: &RedisUrl, options: &RedisOptions) -> RedisResult<Self> {
         let connect_timeout = options.connect_timeout;
         let config = manager_config(connect_timeout);
         let certs = || redis::TlsCertificates {
@@ -75,7 +276,7 @@ impl Connection {
                     redis::Client::open(info)?
                 };
                 let manager = ConnectionManager::new_with_config(client, config).await?;
-                Ok(Connection::Standalone(manager))
+                Ok(Link::Standalone(manager))
             }
             Topology::Cluster { nodes } => {
                 let infos = nodes
@@ -89,7 +290,7 @@ impl Connection {
                     builder = builder.certs(certs());
                 }
                 let client = builder.build()?;
-                Ok(Connection::Cluster(client.get_async_connection().await?))
+                Ok(Link::Cluster(client.get_async_connection().await?))
             }
             Topology::Sentinel { sentinels, master } => {
                 let addrs = sentinels
@@ -113,7 +314,7 @@ impl Connection {
                 let master_client = client.async_get_client().await?;
                 let manager =
                     ConnectionManager::new_with_config(master_client, config.clone()).await?;
-                Ok(Connection::Sentinel(Arc::new(SentinelConnection {
+                Ok(Link::Sentinel(Arc::new(SentinelConnection {
                     client: tokio::sync::Mutex::new(client),
                     master: RwLock::new(manager),
                     stale: AtomicBool::new(false),
@@ -123,14 +324,14 @@ impl Connection {
         }
     }
 
-    /// Sends one command, routed by its first key on a Cluster.
-    pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
+    /// Sends `request`, routed by its first key on a Cluster.
+    async fn query<T: FromRedisValue>(&self, request: Request<'_>) -> RedisResult<T> {
         match self {
-            Connection::Standalone(m) => cmd.query_async(&mut m.clone()).await,
-            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
-            Connection::Sentinel(s) => {
+            Link::Standalone(m) => request.run(&mut m.clone()).await,
+            Link::Cluster(c) => request.run(&mut c.clone()).await,
+            Link::Sentinel(s) => {
                 let mut master = s.master().await?;
-                let result = cmd.query_async(&mut master).await;
+                let result = request.run(&mut master).await;
                 if let Err(e) = &result {
                     if is_transient(e) {
                         s.stale.store(true, Ordering::Release);
@@ -141,30 +342,21 @@ impl Connection {
         }
     }
 
-    /// Runs `script` by `EVALSHA`, loading it with `EVAL` when the server does not know it (after
-    /// a restart, a failover or `SCRIPT FLUSH`). `EVAL` caches the script as it runs it, so the
-    /// next `EVALSHA` finds it: one extra round trip per server per flush.
-    pub(crate) async fn eval(
-        &self,
-        script: &Script,
-        keys: &[String],
-        args: &[String],
-    ) -> RedisResult<Value> {
-        let call = |name: &str, body: &str| {
-            // Sized up front, so that adding the arguments never grows the command's buffers.
-            let bytes = name.len()
-                + body.len()
-                + 20
-                + keys.iter().chain(args).map(String::len).sum::<usize>();
-            let mut c = Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
-            c.arg(name).arg(body).arg(keys.len()).arg(keys).arg(args);
-            c
-        };
-        match self.send(&call("EVALSHA", &script.sha)).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.send(&call("EVAL", &script.body)).await
-            }
+    /// Sends `cmd`, an `EVALSHA` of `script`, and sends it again as `EVAL` when the server
+    /// does not know the script.
+    async fn eval_sha(&self, cmd: &Cmd, script: &Script) -> RedisResult<Value> {
+        match self.query(Request::Cmd(cmd)).await {
+            Err(e) if is_no_script(&e) => self.query(Request::Cmd(&with_body(cmd, script))).await,
             other => other,
+        }
+    }
+}
+
+impl Request<'_> {
+    async fn run<T: FromRedisValue>(self, con: &mut impl ConnectionLike) -> RedisResult<T> {
+        match self {
+            Request::Cmd(cmd) => cmd.query_async(con).await,
+            Request::Pipeline(pipe) => pipe.query_async(con).await,
         }
     }
 }

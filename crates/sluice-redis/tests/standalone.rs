@@ -329,3 +329,69 @@ async fn sentinel_failover_moves_the_store_to_the_new_master() {
         "the state moved with the failover, charged once"
     );
 }
+
+/// Redis's count of reads from its clients' sockets (`INFO stats`).
+fn reads_processed(server: &RedisServer) -> u64 {
+    let info = server.command(&["INFO", "stats"]).expect("INFO stats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_reads_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_reads_processed in INFO stats")
+}
+
+/// Checks made by many tasks at once leave as a few pipelines, not one write each, and each
+/// still decides on its own: 200 tasks on one worker thread (where tokio runs a woken task right
+/// after its waker, which without the batch task sent every call alone) check one key with a
+/// limit of 50. Exactly 50 are admitted, and Redis reads them in a few reads. Then the same after
+/// `SCRIPT FLUSH`: every call of the pipeline gets `NOSCRIPT` and is sent again with the script,
+/// and none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn concurrent_checks_share_pipelines_and_each_decides_alone() {
+    let server = RedisServer::start();
+    let offset = offset_to_window_start(server.port, Duration::from_secs(3600));
+    let store = RedisStore::connect(&server.url(), test_options())
+        .await
+        .unwrap();
+    store.set_time_offset(offset);
+    let policy = Arc::new(fifty_per_hour().remove(0));
+    // The tasks are spawned from a task on the worker, so that all of them are queued before
+    // any runs, whatever the machine's load.
+    let burst = |key: &'static str| {
+        let (store, policy) = (store.clone(), policy.clone());
+        async move {
+            tokio::spawn(async move {
+                let tasks: Vec<_> = (0..200)
+                    .map(|_| {
+                        let (store, policy) = (store.clone(), policy.clone());
+                        tokio::spawn(async move {
+                            store
+                                .check(&[Check::new(key, &policy, 1)])
+                                .await
+                                .map(|d| d[0].allowed)
+                        })
+                    })
+                    .collect();
+                let mut admitted = 0;
+                for t in tasks {
+                    admitted += u32::from(t.await.unwrap().expect("no call fails"));
+                }
+                admitted
+            })
+            .await
+            .unwrap()
+        }
+    };
+    // The first call loads the script, so that the burst below finds it.
+    store
+        .check(&[Check::new("warm", &policy, 1)])
+        .await
+        .unwrap();
+    let before = reads_processed(&server);
+    assert_eq!(burst("pipelined").await, 50);
+    // The INFO command's own connection is one read.
+    let reads = reads_processed(&server) - before - 1;
+    assert!(reads <= 20, "200 concurrent checks took {reads} reads");
+
+    server.command(&["SCRIPT", "FLUSH"]).expect("SCRIPT FLUSH");
+    assert_eq!(burst("after-flush").await, 50);
+}
