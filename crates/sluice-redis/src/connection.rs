@@ -15,7 +15,8 @@
 //! instead of one each (see [`run_batches`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -30,6 +31,7 @@ use redis::{
     Arg, Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError,
     RedisResult, ServerErrorKind, Value,
 };
+use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::RedisOptions;
@@ -40,9 +42,27 @@ use crate::url::{RedisUrl, Topology};
 #[derive(Clone)]
 pub(crate) struct Connection {
     link: Link,
-    /// Where script calls queue for the batch task; `None` on a Cluster, whose calls go to
-    /// the master of their slot one by one.
-    batches: Option<mpsc::UnboundedSender<Call>>,
+    /// Where script calls queue for a batch task; `None` on a Cluster, whose calls go to the
+    /// master of their slot one by one.
+    batches: Option<Arc<Batches>>,
+}
+
+/// The batch tasks of one connection: one on the runtime that connected, and one on each
+/// single-threaded runtime that has made a call.
+///
+/// The gRPC service runs on single-threaded runtimes of its own (`sluice-server`'s
+/// `grpc_workers`). Their calls, sent to a task on the main runtime, made two wake-ups across
+/// threads per decision: a thread woken through its event descriptor, and a context switch when
+/// both threads share a core. A batch task on the caller's own runtime hands its calls to the
+/// connection as one pipeline and gets one reply back, so only the pipeline crosses threads.
+struct Batches {
+    /// The task on the runtime that connected, for calls from multi-threaded runtimes.
+    shared: mpsc::UnboundedSender<Call>,
+    /// Tasks on single-threaded runtimes, by thread; each started by the first call made there.
+    local: Mutex<Vec<(ThreadId, mpsc::UnboundedSender<Call>)>>,
+    link: Link,
+    /// How long a batch waits for its replies at most (see [`Connection::connect`]).
+    bound: Duration,
 }
 
 /// The connection proper, per topology.
@@ -96,12 +116,20 @@ impl Connection {
         let batches = match link {
             Link::Cluster(_) => None,
             Link::Standalone(_) | Link::Sentinel(_) => {
-                let (queue, calls) = mpsc::unbounded_channel();
                 // A batch waits at most this long for its replies: long after every caller in
                 // it has timed out, so this only bounds what a hung server can hold here.
                 let bound = (options.timeout * 10).max(options.connect_timeout);
-                tokio::spawn(run_batches(link.clone(), calls, bound));
-                Some(queue)
+                let shared = start_batches(&link, bound);
+                let mut local = Vec::new();
+                if on_single_threaded_runtime() {
+                    local.push((std::thread::current().id(), shared.clone()));
+                }
+                Some(Arc::new(Batches {
+                    shared,
+                    local: Mutex::new(local),
+                    link: link.clone(),
+                    bound,
+                }))
             }
         };
         Ok(Connection { link, batches })
@@ -140,6 +168,38 @@ impl Connection {
         }
         answer.await.unwrap_or_else(|_| Err(batch_task_gone()))
     }
+}
+
+impl Batches {
+    /// Queues `call` for the batch task of the caller's runtime.
+    fn send(&self, call: Call) -> Result<(), mpsc::error::SendError<Call>> {
+        if !on_single_threaded_runtime() {
+            return self.shared.send(call);
+        }
+        let thread = std::thread::current().id();
+        let mut local = self.local.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, queue)) = local.iter().find(|(t, q)| *t == thread && !q.is_closed()) {
+            return queue.send(call);
+        }
+        // A task whose runtime has stopped (a closed queue) goes, and one starts here.
+        local.retain(|(t, q)| *t != thread && !q.is_closed());
+        let queue = start_batches(&self.link, self.bound);
+        let sent = queue.send(call);
+        local.push((thread, queue));
+        sent
+    }
+}
+
+/// Starts a batch task on the caller's runtime, and returns its queue.
+fn start_batches(link: &Link, bound: Duration) -> mpsc::UnboundedSender<Call> {
+    let (queue, calls) = mpsc::unbounded_channel();
+    tokio::spawn(run_batches(link.clone(), calls, bound));
+    queue
+}
+
+/// Whether the caller runs on a single-threaded tokio runtime.
+fn on_single_threaded_runtime() -> bool {
+    Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread)
 }
 
 /// The error a call gets when the batch task is not there to take it: the runtime that ran it

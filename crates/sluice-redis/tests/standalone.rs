@@ -395,3 +395,60 @@ async fn concurrent_checks_share_pipelines_and_each_decides_alone() {
     server.command(&["SCRIPT", "FLUSH"]).expect("SCRIPT FLUSH");
     assert_eq!(burst("after-flush").await, 50);
 }
+
+/// The gRPC service calls the store from single-threaded runtimes of its own, one per thread.
+/// A store connected on a multi-threaded runtime serves such calls through a batch task started
+/// on the caller's runtime, and when that runtime stops and another starts on the same thread,
+/// the next call starts a new task there: 30 concurrent checks on the first runtime, 30 more on
+/// the second, every call answered, and exactly the limit of 50 admitted.
+#[test]
+fn calls_from_single_threaded_runtimes_are_batched_where_they_run() {
+    let server = RedisServer::start();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = main
+        .block_on(RedisStore::connect(&server.url(), test_options()))
+        .unwrap();
+    store.set_time_offset(offset_to_window_start(
+        server.port,
+        Duration::from_secs(3600),
+    ));
+    let policy = Arc::new(fifty_per_hour().remove(0));
+    let admitted: Vec<u32> = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                (0..2)
+                    .map(|_| {
+                        let runtime = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .unwrap();
+                        runtime.block_on(async {
+                            let tasks: Vec<_> = (0..30)
+                                .map(|_| {
+                                    let (store, policy) = (store.clone(), policy.clone());
+                                    tokio::spawn(async move {
+                                        store
+                                            .check(&[Check::new("own-runtime", &policy, 1)])
+                                            .await
+                                            .map(|d| d[0].allowed)
+                                    })
+                                })
+                                .collect();
+                            let mut admitted = 0;
+                            for t in tasks {
+                                admitted += u32::from(t.await.unwrap().expect("no call fails"));
+                            }
+                            admitted
+                        })
+                    })
+                    .collect()
+            })
+            .join()
+            .unwrap()
+    });
+    assert_eq!(admitted, [30, 20]);
+}
