@@ -202,12 +202,13 @@ fn on_single_threaded_runtime() -> bool {
     Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread)
 }
 
-/// The error a call gets when the batch task is not there to take it: the runtime that ran it
-/// is shutting down.
+/// The error a call gets when the batch task does not answer it: the runtime that ran the task
+/// is shutting down, or the call's batch waited past its bound for Redis (long after the
+/// caller's own timeout).
 fn batch_task_gone() -> RedisError {
     std::io::Error::new(
         std::io::ErrorKind::BrokenPipe,
-        "the redis batch task has stopped",
+        "no answer from the redis batch task: it has stopped, or redis did not reply in time",
     )
     .into()
 }
@@ -262,7 +263,7 @@ async fn send_batch(link: &Link, calls: Vec<Call>) {
         pipe.add_command(cmd);
         waiting.push((script, reply));
     }
-    let results: Vec<RedisResult<Value>> = match link
+    let mut results: Vec<RedisResult<Value>> = match link
         .query::<Vec<RedisResult<Value>>>(Request::Pipeline(&pipe))
         .await
     {
@@ -280,7 +281,6 @@ async fn send_batch(link: &Link, calls: Vec<Call>) {
     let unknown: Vec<usize> = (0..results.len())
         .filter(|&i| matches!(&results[i], Err(e) if is_no_script(e)))
         .collect();
-    let mut results = results;
     if !unknown.is_empty() {
         let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
         let retried = join_all(unknown.iter().map(|&i| {

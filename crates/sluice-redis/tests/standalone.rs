@@ -339,6 +339,32 @@ fn reads_processed(server: &RedisServer) -> u64 {
         .expect("total_reads_processed in INFO stats")
 }
 
+/// `n` checks of one unit on `key`, each in a task of its own, spawned together on the caller's
+/// runtime; how many were admitted. Every call must be answered.
+async fn concurrent_checks(
+    store: &RedisStore,
+    policy: &Arc<Policy>,
+    key: &'static str,
+    n: usize,
+) -> u32 {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                store
+                    .check(&[Check::new(key, &policy, 1)])
+                    .await
+                    .map(|d| d[0].allowed)
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += u32::from(t.await.unwrap().expect("no call fails"));
+    }
+    admitted
+}
+
 /// Checks made by many tasks at once leave as a few pipelines, not one write each, and each
 /// still decides on its own: 200 tasks on one worker thread (where tokio runs a woken task right
 /// after its waker, which without the batch task sent every call alone) check one key with a
@@ -359,26 +385,9 @@ async fn concurrent_checks_share_pipelines_and_each_decides_alone() {
     let burst = |key: &'static str| {
         let (store, policy) = (store.clone(), policy.clone());
         async move {
-            tokio::spawn(async move {
-                let tasks: Vec<_> = (0..200)
-                    .map(|_| {
-                        let (store, policy) = (store.clone(), policy.clone());
-                        tokio::spawn(async move {
-                            store
-                                .check(&[Check::new(key, &policy, 1)])
-                                .await
-                                .map(|d| d[0].allowed)
-                        })
-                    })
-                    .collect();
-                let mut admitted = 0;
-                for t in tasks {
-                    admitted += u32::from(t.await.unwrap().expect("no call fails"));
-                }
-                admitted
-            })
-            .await
-            .unwrap()
+            tokio::spawn(async move { concurrent_checks(&store, &policy, key, 200).await })
+                .await
+                .unwrap()
         }
     };
     // The first call loads the script, so that the burst below finds it.
@@ -426,24 +435,7 @@ fn calls_from_single_threaded_runtimes_are_batched_where_they_run() {
                             .enable_all()
                             .build()
                             .unwrap();
-                        runtime.block_on(async {
-                            let tasks: Vec<_> = (0..30)
-                                .map(|_| {
-                                    let (store, policy) = (store.clone(), policy.clone());
-                                    tokio::spawn(async move {
-                                        store
-                                            .check(&[Check::new("own-runtime", &policy, 1)])
-                                            .await
-                                            .map(|d| d[0].allowed)
-                                    })
-                                })
-                                .collect();
-                            let mut admitted = 0;
-                            for t in tasks {
-                                admitted += u32::from(t.await.unwrap().expect("no call fails"));
-                            }
-                            admitted
-                        })
+                        runtime.block_on(concurrent_checks(&store, &policy, "own-runtime", 30))
                     })
                     .collect()
             })
