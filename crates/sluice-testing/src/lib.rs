@@ -157,14 +157,9 @@ pub async fn upstream() -> CountingUpstream {
     CountingUpstream { addr, hits }
 }
 
-/// A loopback port that was free a moment ago, for a process that binds it itself.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// A loopback port for a process that binds it itself: free a moment ago, below the kernel's
+/// range for outgoing connections, and never handed out twice in one test binary.
+pub use sluice_core::testing::free_port;
 
 /// A port nothing listens on.
 pub async fn closed_port() -> SocketAddr {
@@ -172,6 +167,17 @@ pub async fn closed_port() -> SocketAddr {
     let addr = l.local_addr().unwrap();
     drop(l);
     addr
+}
+
+/// An HTTP client for a test that talks to `sluice serve` or `sluice proxy` for longer than
+/// their 10 s header timeout. The server closes a kept-alive connection that sends nothing for
+/// that long, and `reqwest` keeps idle connections 90 s by default: a request sent on one just
+/// as the server closes it fails. This client lets idle connections go after 5 s instead.
+pub fn long_lived_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(5))
+        .build()
+        .expect("an HTTP client")
 }
 
 pub fn header(r: &reqwest::Response, name: &str) -> Option<String> {

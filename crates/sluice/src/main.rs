@@ -189,10 +189,25 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sluice: {e:#}");
+            eprintln!("sluice: {}", report(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: errors that already quote their cause
+/// in their own message (`cannot listen on ADDR: REASON`) do not get it repeated after them.
+fn report(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.contains(&text) {
+            line = format!("{line}: {text}");
+        }
+    }
+    line
 }
 
 /// Serves with envoyproxy/ratelimit's environment variables as the only settings.
@@ -340,5 +355,29 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+
+    #[test]
+    fn a_report_names_each_cause_once() {
+        let io = || std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let quoting = sluice_server::StartError::Bind {
+            addr: "127.0.0.1:9".parse().unwrap(),
+            source: io(),
+        };
+        let line = report(&anyhow::Error::new(quoting).context("starting the service"));
+        assert_eq!(
+            line,
+            format!(
+                "starting the service: cannot listen on 127.0.0.1:9: {}",
+                io()
+            )
+        );
+        let plain = anyhow::Error::new(io()).context("reading the rules");
+        assert_eq!(report(&plain), format!("reading the rules: {}", io()));
     }
 }

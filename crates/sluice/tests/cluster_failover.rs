@@ -135,7 +135,7 @@ async fn a_killed_master_fails_over_while_every_request_is_answered() {
         &http,
     );
     let http = format!("http://{http}");
-    let client = reqwest::Client::new();
+    let client = sluice_testing::long_lived_client();
 
     // Steady load: 16 clients, each on one key, half of them on the master about to die.
     let phase = Arc::new(AtomicUsize::new(BEFORE));

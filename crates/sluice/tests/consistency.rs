@@ -215,7 +215,7 @@ fn json_request(step: &Step) -> Value {
 
 async fn through_json() -> Vec<Answer> {
     let (server, _dir) = service().await;
-    let client = reqwest::Client::new();
+    let client = sluice_testing::long_lived_client();
     let mut answers = Vec::new();
     for step in steps() {
         let r = client
@@ -245,7 +245,7 @@ async fn through_json() -> Vec<Answer> {
 
 async fn through_check() -> Vec<Answer> {
     let (server, _dir) = service().await;
-    let client = reqwest::Client::new();
+    let client = sluice_testing::long_lived_client();
     let mut answers = Vec::new();
     for step in steps() {
         let r = client
@@ -314,7 +314,7 @@ async fn through_gateway() -> Vec<Answer> {
     let mut options = options;
     options.listen = "127.0.0.1:0".parse().unwrap();
     let gateway = Gateway::start_with_limiter(options, limiter).await.unwrap();
-    let client = reqwest::Client::new();
+    let client = sluice_testing::long_lived_client();
     let mut answers = Vec::new();
     for step in steps() {
         let r = client

@@ -23,7 +23,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 use prost::Message as _;
-use sluice_testing::process::{free_addr, spawn_command_listening};
+use sluice_testing::process::{free_addr, spawn_captured_listening};
 use sluice_testing::window::LatestWindow;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -274,7 +274,7 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
             ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
         ],
     );
-    let _process = spawn_command_listening(command, &grpc);
+    let _process = spawn_captured_listening(command, &grpc);
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .unwrap();

@@ -192,13 +192,7 @@ async fn three(dir: &Path, store: &str) -> (Vec<Instance>, Vec<String>, reqwest:
         .map(|_| Instance::start(&path, store, &prefix))
         .collect();
     let urls: Vec<String> = instances.iter().map(|i| i.http.clone()).collect();
-    // `sluice serve` closes a kept-alive connection that sends nothing for 10 s (its header
-    // timeout). The client's pool keeps connections 90 s by default, and one taken from it just
-    // as the server closed it failed a request. The client lets idle ones go first.
-    let client = reqwest::Client::builder()
-        .pool_idle_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let client = sluice_testing::long_lived_client();
     for url in &urls {
         eventually("every instance counts three live instances", || {
             let (client, url) = (client.clone(), url.clone());

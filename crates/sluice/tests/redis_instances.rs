@@ -98,7 +98,7 @@ fn body(descriptors: &[(&str, &str)]) -> Value {
 /// Sends `total` requests with `body`, from 64 concurrent clients spread over `instances`, and
 /// counts how many were admitted.
 async fn admitted(instances: &[String], body: Value, total: usize) -> usize {
-    let client = reqwest::Client::new();
+    let client = sluice_testing::long_lived_client();
     let body = Arc::new(body);
     let tasks: Vec<_> = (0..64)
         .map(|c| {
@@ -154,7 +154,7 @@ async fn admitted_in_one_window(instances: &[String], algorithm: &str, total: us
 async fn remaining(instance: &str, descriptor: (&str, &str)) -> u64 {
     let mut b = body(&[descriptor]);
     b["descriptors"][0]["cost"] = json!(0);
-    let r: Value = reqwest::Client::new()
+    let r: Value = sluice_testing::long_lived_client()
         .post(format!("{instance}/v1/check"))
         .json(&b)
         .send()
@@ -242,7 +242,7 @@ async fn with_redis_down_answers_follow_on_store_error_and_stay_fast() {
     )
     .unwrap();
     let instance = Instance::start(&path, &redis.url(), &unique_prefix());
-    let client = reqwest::Client::new();
+    let client = sluice_testing::long_lived_client();
     let status = |d: (&'static str, &'static str)| {
         let (client, url) = (client.clone(), format!("{}/v1/check", instance.http));
         async move {
@@ -367,7 +367,7 @@ async fn rules_redis_cannot_hold_keep_serve_from_starting_on_redis_only() {
     }
 
     let memory = Instance::start(&path, "memory", &unique_prefix());
-    let status = reqwest::Client::new()
+    let status = sluice_testing::long_lived_client()
         .post(format!("{}/v1/check", memory.http))
         .json(&body(&[("user", "a")]))
         .send()
@@ -394,7 +394,7 @@ async fn a_yearly_limit_is_enforced_on_redis() {
         Instance::start(&path, &redis.url(), &prefix),
         Instance::start(&path, &redis.url(), &prefix),
     );
-    let client = reqwest::Client::new();
+    let client = sluice_testing::long_lived_client();
     // Envoy's years are aligned to the clock: one can end between two checks (at the turn of a
     // year, UTC). The checks, alternating between the instances, go on until one year holds
     // five, which must be these.
@@ -431,7 +431,7 @@ async fn a_reload_to_rules_redis_cannot_hold_keeps_the_old_rules() {
     .unwrap();
     let instance = Instance::start(&path, &redis.url(), &unique_prefix());
     std::fs::write(&path, TOO_LONG_FOR_REDIS).unwrap();
-    let client = reqwest::Client::new();
+    let client = sluice_testing::long_lived_client();
     let reload = client
         .post(format!("{}/v1/reload", instance.http))
         .send()
@@ -502,7 +502,7 @@ routes:
         sluice_listening(&args, listen)
     };
     let (_a, _b) = (gateway(&a), gateway(&b));
-    let client = reqwest::Client::new();
+    let client = sluice_testing::long_lived_client();
     let mut answers = Vec::new();
     for addr in [&a, &b, &a, &b, &a] {
         let r = client

@@ -5,10 +5,11 @@
 //! each server also gets a watchdog: a `sh` that waits for this process to close its stdin
 //! (which happens however the process ends), then kills the server and removes its directory.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
+
+use sluice_core::testing::free_port;
 
 use super::wait::wait_until;
 
@@ -37,14 +38,6 @@ struct ClusterNode {
     /// How long a peer may stay silent before this node flags it as failing: a replica takes
     /// over from a dead master about twice this after it dies.
     node_timeout: Duration,
-}
-
-/// A port nobody listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 impl RedisServer {
