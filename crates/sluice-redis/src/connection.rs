@@ -33,6 +33,7 @@ use redis::{
 };
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::RedisOptions;
 use crate::scripts::Script;
@@ -61,8 +62,6 @@ struct Batches {
     /// Tasks on single-threaded runtimes, by thread; each started by the first call made there.
     local: Mutex<Vec<(ThreadId, mpsc::UnboundedSender<Call>)>>,
     link: Link,
-    /// How long a batch waits for its replies at most (see [`Connection::connect`]).
-    bound: Duration,
 }
 
 /// The connection proper, per topology.
@@ -85,6 +84,9 @@ struct Call {
     /// `EVALSHA sha numkeys keys… args…`.
     cmd: Cmd,
     script: &'static Script,
+    /// When the caller stops waiting: it is answered with a timeout then, if Redis has not
+    /// answered first.
+    deadline: Instant,
     reply: oneshot::Sender<RedisResult<Value>>,
 }
 
@@ -116,10 +118,7 @@ impl Connection {
         let batches = match link {
             Link::Cluster(_) => None,
             Link::Standalone(_) | Link::Sentinel(_) => {
-                // A batch waits at most this long for its replies: long after every caller in
-                // it has timed out, so this only bounds what a hung server can hold here.
-                let bound = (options.timeout * 10).max(options.connect_timeout);
-                let shared = start_batches(&link, bound);
+                let shared = start_batches(&link);
                 let mut local = Vec::new();
                 if on_single_threaded_runtime() {
                     local.push((std::thread::current().id(), shared.clone()));
@@ -128,7 +127,6 @@ impl Connection {
                     shared,
                     local: Mutex::new(local),
                     link: link.clone(),
-                    bound,
                 }))
             }
         };
@@ -144,12 +142,15 @@ impl Connection {
     /// a restart, a failover or `SCRIPT FLUSH`). `EVAL` caches the script as it runs it, so the
     /// next `EVALSHA` finds it: one extra round trip per server per flush.
     ///
-    /// Off a Cluster the call joins the batch task's next pipeline.
+    /// The call is answered by `deadline`: with a timeout error (see [`timed_out`]) if Redis
+    /// has not answered by then. Off a Cluster it joins the batch task's next pipeline, and the
+    /// batch task keeps the time, so that a decision arms no timer of its own.
     pub(crate) async fn eval(
         &self,
         script: &'static Script,
         keys: &[String],
         args: &[String],
+        deadline: Instant,
     ) -> RedisResult<Value> {
         // Sized up front, so that adding the arguments never grows the command's buffers.
         let bytes = script.sha.len() + 20 + keys.iter().chain(args).map(String::len).sum::<usize>();
@@ -160,10 +161,19 @@ impl Connection {
             .arg(keys)
             .arg(args);
         let Some(batches) = &self.batches else {
-            return self.link.eval_sha(&cmd, script).await;
+            let call = self.link.eval_sha(&cmd, script);
+            return tokio::time::timeout_at(deadline, call)
+                .await
+                .unwrap_or_else(|_| Err(timed_out()));
         };
         let (reply, answer) = oneshot::channel();
-        if batches.send(Call { cmd, script, reply }).is_err() {
+        let call = Call {
+            cmd,
+            script,
+            deadline,
+            reply,
+        };
+        if batches.send(call).is_err() {
             return Err(batch_task_gone());
         }
         answer.await.unwrap_or_else(|_| Err(batch_task_gone()))
@@ -183,7 +193,7 @@ impl Batches {
         }
         // A task whose runtime has stopped (a closed queue) goes, and one starts here.
         local.retain(|(t, q)| *t != thread && !q.is_closed());
-        let queue = start_batches(&self.link, self.bound);
+        let queue = start_batches(&self.link);
         let sent = queue.send(call);
         local.push((thread, queue));
         sent
@@ -191,9 +201,9 @@ impl Batches {
 }
 
 /// Starts a batch task on the caller's runtime, and returns its queue.
-fn start_batches(link: &Link, bound: Duration) -> mpsc::UnboundedSender<Call> {
+fn start_batches(link: &Link) -> mpsc::UnboundedSender<Call> {
     let (queue, calls) = mpsc::unbounded_channel();
-    tokio::spawn(run_batches(link.clone(), calls, bound));
+    tokio::spawn(run_batches(link.clone(), calls));
     queue
 }
 
@@ -202,13 +212,22 @@ fn on_single_threaded_runtime() -> bool {
     Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread)
 }
 
-/// The error a call gets when the batch task does not answer it: the runtime that ran the task
-/// is shutting down, or the call's batch waited past its bound for Redis (long after the
-/// caller's own timeout).
+/// The error a call gets when the batch task stops without answering it: the runtime that ran
+/// the task is shutting down.
 fn batch_task_gone() -> RedisError {
     std::io::Error::new(
         std::io::ErrorKind::BrokenPipe,
-        "no answer from the redis batch task: it has stopped, or redis did not reply in time",
+        "no answer from the redis batch task: it has stopped",
+    )
+    .into()
+}
+
+/// The error a script call gets when its deadline passes before Redis answers; a timeout to
+/// [`RedisError::is_timeout`].
+pub(crate) fn timed_out() -> RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "redis did not answer before the call's deadline",
     )
     .into()
 }
@@ -222,7 +241,11 @@ fn batch_task_gone() -> RedisError {
 /// runs first, and the calls they make go out together: one write to the socket and one wake-up
 /// of Redis for all of them. Each call is still its own atomic script; only the trip is shared.
 /// A lone call costs one more hop between tasks.
-async fn run_batches(link: Link, mut queue: mpsc::UnboundedReceiver<Call>, bound: Duration) {
+///
+/// The task also keeps the callers' time: a batch arms one timer, for the earliest deadline of
+/// its calls, where a timer per call would cost a decision a timer-wheel entry (and, on a
+/// single-threaded runtime, often a wake-up of its own driver). See [`answer_batch`].
+async fn run_batches(link: Link, mut queue: mpsc::UnboundedReceiver<Call>) {
     let mut in_flight = FuturesUnordered::new();
     loop {
         tokio::select! {
@@ -237,54 +260,93 @@ async fn run_batches(link: Link, mut queue: mpsc::UnboundedReceiver<Call>, bound
                         Err(_) => break,
                     }
                 }
-                let link = link.clone();
-                in_flight.push(async move {
-                    let _ = tokio::time::timeout(bound, send_batch(&link, calls)).await;
-                });
+                in_flight.push(answer_batch(link.clone(), calls));
             }
         }
     }
     while in_flight.next().await.is_some() {}
 }
 
-/// Sends `calls` as one pipeline (a lone call as itself), retries those the server did not
-/// know the script of with `EVAL`, and answers each caller.
-async fn send_batch(link: &Link, calls: Vec<Call>) {
-    if calls.len() == 1 {
-        for Call { cmd, script, reply } in calls {
-            let _ = reply.send(link.eval_sha(&cmd, script).await);
-        }
-        return;
-    }
+/// Sends `calls` (see [`send_batch`]) and answers each caller with its result, or with a
+/// timeout once its deadline passes: the batch is timed by its earliest deadline, and when that
+/// passes first, the callers whose time is up are answered and the rest wait on.
+async fn answer_batch(link: Link, calls: Vec<Call>) {
+    let mut waiting: Vec<(Instant, Option<oneshot::Sender<RedisResult<Value>>>)> =
+        Vec::with_capacity(calls.len());
     let mut pipe = Pipeline::with_capacity(calls.len());
     pipe.ignore_errors();
-    let mut waiting = Vec::with_capacity(calls.len());
-    for Call { cmd, script, reply } in calls {
-        pipe.add_command(cmd);
-        waiting.push((script, reply));
+    let mut scripts = Vec::with_capacity(calls.len());
+    for call in calls {
+        pipe.add_command(call.cmd);
+        scripts.push(call.script);
+        waiting.push((call.deadline, Some(call.reply)));
+    }
+    let send = send_batch(&link, &pipe, &scripts);
+    tokio::pin!(send);
+    loop {
+        let Some(next) = waiting
+            .iter()
+            .filter(|(_, reply)| reply.is_some())
+            .map(|(deadline, _)| *deadline)
+            .min()
+        else {
+            return;
+        };
+        match tokio::time::timeout_at(next, send.as_mut()).await {
+            Ok(results) => {
+                for ((_, reply), result) in waiting.into_iter().zip(results) {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(result);
+                    }
+                }
+                return;
+            }
+            Err(_) => {
+                let now = Instant::now();
+                for (deadline, reply) in &mut waiting {
+                    if *deadline <= now {
+                        if let Some(reply) = reply.take() {
+                            let _ = reply.send(Err(timed_out()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sends the `EVALSHA`s in `pipe` as one pipeline (a lone one as itself), and retries those
+/// the server did not know the script of (`scripts`, in the same order) with `EVAL`.
+async fn send_batch(
+    link: &Link,
+    pipe: &Pipeline,
+    scripts: &[&'static Script],
+) -> Vec<RedisResult<Value>> {
+    let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
+    if let ([cmd], [script]) = (cmds.as_slice(), scripts) {
+        return vec![link.eval_sha(cmd, script).await];
     }
     let mut results: Vec<RedisResult<Value>> = match link
-        .query::<Vec<RedisResult<Value>>>(Request::Pipeline(&pipe))
+        .query::<Vec<RedisResult<Value>>>(Request::Pipeline(pipe))
         .await
     {
-        Ok(results) if results.len() == waiting.len() => results,
+        Ok(results) if results.len() == cmds.len() => results,
         Ok(results) => {
             let e = RedisError::from((
                 ErrorKind::Client,
                 "a pipeline of script calls",
-                format!("{} replies to {} calls", results.len(), waiting.len()),
+                format!("{} replies to {} calls", results.len(), cmds.len()),
             ));
-            vec![Err(e); waiting.len()]
+            vec![Err(e); cmds.len()]
         }
-        Err(e) => vec![Err(e); waiting.len()],
+        Err(e) => vec![Err(e); cmds.len()],
     };
     let unknown: Vec<usize> = (0..results.len())
         .filter(|&i| matches!(&results[i], Err(e) if is_no_script(e)))
         .collect();
     if !unknown.is_empty() {
-        let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
         let retried = join_all(unknown.iter().map(|&i| {
-            let eval = with_body(cmds[i], waiting[i].0);
+            let eval = with_body(cmds[i], scripts[i]);
             async move { link.query(Request::Cmd(&eval)).await }
         }))
         .await;
@@ -292,9 +354,7 @@ async fn send_batch(link: &Link, calls: Vec<Call>) {
             results[i] = r;
         }
     }
-    for ((_, reply), result) in waiting.into_iter().zip(results) {
-        let _ = reply.send(result);
-    }
+    results
 }
 
 fn is_no_script(e: &RedisError) -> bool {
@@ -496,5 +556,64 @@ pub(crate) fn is_transient(e: &RedisError) -> bool {
         }
         ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
         _ => false,
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::scripts::HEARTBEAT;
+    use crate::testing::{RedisServer, test_options};
+
+    /// Two calls in one batch keep their own deadlines: while Redis is paused, the call whose
+    /// deadline comes first is answered with a timeout at its deadline, and the other waits on
+    /// and gets Redis's answer once the pause ends.
+    #[tokio::test]
+    async fn calls_in_one_batch_time_out_each_at_its_own_deadline() {
+        let server = RedisServer::start();
+        let url = RedisUrl::parse(&server.url()).unwrap();
+        let connection = Connection::connect(&url, &test_options()).await.unwrap();
+        let beat = |id: &'static str, within: Duration| {
+            let connection = connection.clone();
+            tokio::spawn(async move {
+                let (keys, args) = (
+                    ["beats".to_owned()],
+                    ["0".to_owned(), id.to_owned(), "60000".to_owned()],
+                );
+                let deadline = Instant::now() + within;
+                let result = connection.eval(&HEARTBEAT, &keys, &args, deadline).await;
+                (result, Instant::now())
+            })
+        };
+        // Known to the server, so that the paused calls are plain EVALSHAs.
+        assert!(
+            beat("warm", Duration::from_secs(5))
+                .await
+                .unwrap()
+                .0
+                .is_ok()
+        );
+
+        server.command(&["CLIENT", "PAUSE", "2000", "ALL"]).unwrap();
+        let paused = Instant::now();
+        // Spawned together, on one thread: the batch task takes both into one pipeline.
+        let (early, late) = (
+            beat("early", Duration::from_millis(100)),
+            beat("late", Duration::from_secs(30)),
+        );
+        let (early, early_at) = early.await.unwrap();
+        let e = early.expect_err("redis is paused");
+        assert!(e.is_timeout(), "{e}");
+        assert!(
+            early_at - paused < Duration::from_millis(1_500),
+            "{:?}",
+            early_at - paused
+        );
+        assert!(!late.is_finished(), "the later deadline is still running");
+        let (late, late_at) = late.await.unwrap();
+        // Three instances: the early call timed out for its caller, but it had left, and Redis
+        // ran it after the pause, as it runs any command sent before a timeout.
+        assert_eq!(late.unwrap(), Value::Int(3));
+        assert!(late_at > early_at);
     }
 }

@@ -239,31 +239,65 @@ impl RedisStore {
     ) -> StoreResult<T> {
         let inner = &self.inner;
         let Some(permit) = inner.breaker.admit() else {
-            return Err(StoreError::Unavailable(format!(
-                "the circuit breaker is open after repeated failures of redis at {}; a probe \
-                 call will try again within {:?}",
-                inner.target, inner.cool_down
-            )));
+            return Err(self.breaker_refusal());
         };
         match tokio::time::timeout(limit, call).await {
-            Ok(Ok(v)) => {
-                inner.breaker.success(permit);
-                Ok(v)
-            }
-            Ok(Err(e)) => {
-                let err = self.store_error(&e);
-                if err.is_transient() {
-                    inner.breaker.failure(permit);
-                } else {
-                    inner.breaker.success(permit);
-                }
-                Err(err)
-            }
+            Ok(result) => self.settle(permit, limit, result),
             Err(_) => {
                 inner.breaker.failure(permit);
                 Err(StoreError::Timeout(limit))
             }
         }
+    }
+
+    /// [`RedisStore::guarded_within`] for script calls, which keep their own deadline (the
+    /// batch task times them, one timer per batch): `call` gets the deadline, `limit` from now,
+    /// and no timer is armed here. A call that reports a timeout counts as one.
+    pub(crate) async fn guarded_by<T, F>(
+        &self,
+        limit: Duration,
+        call: impl FnOnce(tokio::time::Instant) -> F,
+    ) -> StoreResult<T>
+    where
+        F: Future<Output = RedisResult<T>>,
+    {
+        let Some(permit) = self.inner.breaker.admit() else {
+            return Err(self.breaker_refusal());
+        };
+        let result = call(tokio::time::Instant::now() + limit).await;
+        self.settle(permit, limit, result)
+    }
+
+    /// Records how a call that ran went with the breaker, and turns its error into the store's.
+    fn settle<T>(&self, permit: Permit, limit: Duration, result: RedisResult<T>) -> StoreResult<T> {
+        let breaker = &self.inner.breaker;
+        match result {
+            Ok(v) => {
+                breaker.success(permit);
+                Ok(v)
+            }
+            Err(e) if e.is_timeout() => {
+                breaker.failure(permit);
+                Err(StoreError::Timeout(limit))
+            }
+            Err(e) => {
+                let err = self.store_error(&e);
+                if err.is_transient() {
+                    breaker.failure(permit);
+                } else {
+                    breaker.success(permit);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn breaker_refusal(&self) -> StoreError {
+        StoreError::Unavailable(format!(
+            "the circuit breaker is open after repeated failures of redis at {}; a probe call \
+             will try again within {:?}",
+            self.inner.target, self.inner.cool_down
+        ))
     }
 
     fn store_error(&self, e: &RedisError) -> StoreError {
@@ -312,16 +346,18 @@ impl RedisStore {
         }
         let inner = &self.inner;
         let (values, first_error) = self
-            .guarded(async {
+            .guarded_by(inner.timeout, |deadline| async move {
                 // The call's future goes on the heap, so that the state machines around it stay
                 // small and cheap to move; one call (every call off a Cluster) needs no join.
                 let replies = match calls.as_slice() {
-                    [(k, a)] => vec![Box::pin(inner.conn.eval(&scripts::CHECK, k, a)).await],
+                    [(k, a)] => {
+                        vec![Box::pin(inner.conn.eval(&scripts::CHECK, k, a, deadline)).await]
+                    }
                     calls => {
                         join_all(
                             calls
                                 .iter()
-                                .map(|(k, a)| inner.conn.eval(&scripts::CHECK, k, a)),
+                                .map(|(k, a)| inner.conn.eval(&scripts::CHECK, k, a, deadline)),
                         )
                         .await
                     }
@@ -435,21 +471,13 @@ impl RedisStore {
             return;
         }
         inner.refunds.fetch_add(1, Ordering::Relaxed);
-        let run =
-            join_all(calls.iter().map(|(k, a): &(Vec<String>, Vec<String>)| {
-                inner.conn.eval(&scripts::REFUND, k, a)
-            }));
-        match tokio::time::timeout(inner.timeout, run).await {
-            Ok(results) => {
-                let failed = results.iter().filter(|r| r.is_err()).count() as u64;
-                inner.refund_failures.fetch_add(failed, Ordering::Relaxed);
-            }
-            Err(_) => {
-                inner
-                    .refund_failures
-                    .fetch_add(calls.len() as u64, Ordering::Relaxed);
-            }
-        }
+        let deadline = tokio::time::Instant::now() + inner.timeout;
+        let results = join_all(calls.iter().map(|(k, a): &(Vec<String>, Vec<String>)| {
+            inner.conn.eval(&scripts::REFUND, k, a, deadline)
+        }))
+        .await;
+        let failed = results.iter().filter(|r| r.is_err()).count() as u64;
+        inner.refund_failures.fetch_add(failed, Ordering::Relaxed);
     }
 
     /// Check indices grouped by the slot their key falls in, in order of first appearance; one
@@ -477,7 +505,9 @@ impl RedisStore {
         let keys = [self.key_of(key)];
         let inner = &self.inner;
         let value = self
-            .guarded(inner.conn.eval(&scripts::CHECK, &keys, &args))
+            .guarded_by(inner.timeout, |deadline| {
+                inner.conn.eval(&scripts::CHECK, &keys, &args, deadline)
+            })
             .await?;
         let mut replies = decode_replies(value, std::iter::once(policy.limit()))?;
         replies

@@ -273,9 +273,13 @@ impl RedisStore {
             .call_timeout()
             .saturating_mul(u32::try_from(calls.len()).unwrap_or(u32::MAX));
         let replies = self
-            .guarded_within(limit, async {
-                let replies =
-                    join_all(calls.iter().map(|(k, a)| conn.eval(&scripts::SYNC, k, a))).await;
+            .guarded_by(limit, |deadline| async move {
+                let replies = join_all(
+                    calls
+                        .iter()
+                        .map(|(k, a)| conn.eval(&scripts::SYNC, k, a, deadline)),
+                )
+                .await;
                 replies.into_iter().collect::<Result<Vec<Value>, _>>()
             })
             .await?;
@@ -309,7 +313,9 @@ impl RedisStore {
         ];
         let conn = self.connection();
         match self
-            .guarded(conn.eval(&scripts::HEARTBEAT, &key, &args))
+            .guarded_by(self.call_timeout(), |deadline| {
+                conn.eval(&scripts::HEARTBEAT, &key, &args, deadline)
+            })
             .await?
         {
             Value::Int(n) => Ok(u64::try_from(n).unwrap_or(1).max(1)),
