@@ -242,7 +242,7 @@ impl RedisStore {
             return Err(self.breaker_refusal());
         };
         match tokio::time::timeout(limit, call).await {
-            Ok(result) => self.settle(permit, limit, result),
+            Ok(result) => self.settle(permit, result),
             Err(_) => {
                 inner.breaker.failure(permit);
                 Err(StoreError::Timeout(limit))
@@ -261,24 +261,26 @@ impl RedisStore {
     where
         F: Future<Output = RedisResult<T>>,
     {
-        let Some(permit) = self.inner.breaker.admit() else {
+        let breaker = &self.inner.breaker;
+        let Some(permit) = breaker.admit() else {
             return Err(self.breaker_refusal());
         };
-        let result = call(tokio::time::Instant::now() + limit).await;
-        self.settle(permit, limit, result)
+        match call(tokio::time::Instant::now() + limit).await {
+            Err(e) if e.is_timeout() => {
+                breaker.failure(permit);
+                Err(StoreError::Timeout(limit))
+            }
+            result => self.settle(permit, result),
+        }
     }
 
     /// Records how a call that ran went with the breaker, and turns its error into the store's.
-    fn settle<T>(&self, permit: Permit, limit: Duration, result: RedisResult<T>) -> StoreResult<T> {
+    fn settle<T>(&self, permit: Permit, result: RedisResult<T>) -> StoreResult<T> {
         let breaker = &self.inner.breaker;
         match result {
             Ok(v) => {
                 breaker.success(permit);
                 Ok(v)
-            }
-            Err(e) if e.is_timeout() => {
-                breaker.failure(permit);
-                Err(StoreError::Timeout(limit))
             }
             Err(e) => {
                 let err = self.store_error(&e);
