@@ -161,10 +161,7 @@ impl Connection {
             .arg(keys)
             .arg(args);
         let Some(batches) = &self.batches else {
-            let call = self.link.eval_sha(&cmd, script);
-            return tokio::time::timeout_at(deadline, call)
-                .await
-                .unwrap_or_else(|_| Err(timed_out()));
+            return self.link.eval_sha_by(&cmd, script, deadline).await;
         };
         let (reply, answer) = oneshot::channel();
         let call = Call {
@@ -270,7 +267,18 @@ async fn run_batches(link: Link, mut queue: mpsc::UnboundedReceiver<Call>) {
 /// Sends `calls` (see [`send_batch`]) and answers each caller with its result, or with a
 /// timeout once its deadline passes: the batch is timed by its earliest deadline, and when that
 /// passes first, the callers whose time is up are answered and the rest wait on.
-async fn answer_batch(link: Link, calls: Vec<Call>) {
+async fn answer_batch(link: Link, mut calls: Vec<Call>) {
+    if calls.len() == 1 {
+        // A lone call (light load) goes as itself, without the pipeline's buffers.
+        let Call {
+            cmd,
+            script,
+            deadline,
+            reply,
+        } = calls.pop().expect("one call");
+        let _ = reply.send(link.eval_sha_by(&cmd, script, deadline).await);
+        return;
+    }
     let mut waiting: Vec<(Instant, Option<oneshot::Sender<RedisResult<Value>>>)> =
         Vec::with_capacity(calls.len());
     let mut pipe = Pipeline::with_capacity(calls.len());
@@ -315,17 +323,14 @@ async fn answer_batch(link: Link, calls: Vec<Call>) {
     }
 }
 
-/// Sends the `EVALSHA`s in `pipe` as one pipeline (a lone one as itself), and retries those
-/// the server did not know the script of (`scripts`, in the same order) with `EVAL`.
+/// Sends the `EVALSHA`s in `pipe` as one pipeline, and retries those the server did not know
+/// the script of (`scripts`, in the same order) with `EVAL`.
 async fn send_batch(
     link: &Link,
     pipe: &Pipeline,
     scripts: &[&'static Script],
 ) -> Vec<RedisResult<Value>> {
     let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
-    if let ([cmd], [script]) = (cmds.as_slice(), scripts) {
-        return vec![link.eval_sha(cmd, script).await];
-    }
     let mut results: Vec<RedisResult<Value>> = match link
         .query::<Vec<RedisResult<Value>>>(Request::Pipeline(pipe))
         .await
@@ -469,6 +474,19 @@ impl Link {
             Err(e) if is_no_script(&e) => self.query(Request::Cmd(&with_body(cmd, script))).await,
             other => other,
         }
+    }
+
+    /// [`Link::eval_sha`], answered with a timeout (see [`timed_out`]) if `deadline` passes
+    /// first.
+    async fn eval_sha_by(
+        &self,
+        cmd: &Cmd,
+        script: &Script,
+        deadline: Instant,
+    ) -> RedisResult<Value> {
+        tokio::time::timeout_at(deadline, self.eval_sha(cmd, script))
+            .await
+            .unwrap_or_else(|_| Err(timed_out()))
     }
 }
 

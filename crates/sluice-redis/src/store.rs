@@ -217,12 +217,23 @@ impl RedisStore {
         &self.inner.conn
     }
 
-    /// Runs `call` through the breaker and the timeout, and records how it went.
+    /// Runs `call` (a command without a deadline of its own) through the breaker and the store's
+    /// timeout, and records how it went.
     pub(crate) async fn guarded<T>(
         &self,
         call: impl Future<Output = RedisResult<T>>,
     ) -> StoreResult<T> {
-        self.guarded_within(self.inner.timeout, call).await
+        let inner = &self.inner;
+        let Some(permit) = inner.breaker.admit() else {
+            return Err(self.breaker_refusal());
+        };
+        match tokio::time::timeout(inner.timeout, call).await {
+            Ok(result) => self.settle(permit, result),
+            Err(_) => {
+                inner.breaker.failure(permit);
+                Err(StoreError::Timeout(inner.timeout))
+            }
+        }
     }
 
     /// How long one call may take.
@@ -230,29 +241,10 @@ impl RedisStore {
         self.inner.timeout
     }
 
-    /// [`RedisStore::guarded`] with a time limit of its own: for a batch of calls, which Redis
-    /// runs one after another.
-    pub(crate) async fn guarded_within<T>(
-        &self,
-        limit: Duration,
-        call: impl Future<Output = RedisResult<T>>,
-    ) -> StoreResult<T> {
-        let inner = &self.inner;
-        let Some(permit) = inner.breaker.admit() else {
-            return Err(self.breaker_refusal());
-        };
-        match tokio::time::timeout(limit, call).await {
-            Ok(result) => self.settle(permit, result),
-            Err(_) => {
-                inner.breaker.failure(permit);
-                Err(StoreError::Timeout(limit))
-            }
-        }
-    }
-
-    /// [`RedisStore::guarded_within`] for script calls, which keep their own deadline (the
-    /// batch task times them, one timer per batch): `call` gets the deadline, `limit` from now,
-    /// and no timer is armed here. A call that reports a timeout counts as one.
+    /// [`RedisStore::guarded`] for script calls, which keep their own deadline (the batch task
+    /// times them, one timer per batch): `call` gets the deadline, `limit` from now (longer than
+    /// the store's timeout for a batch of calls, which Redis runs one after another), and no
+    /// timer is armed here. A call that reports a timeout counts as one.
     pub(crate) async fn guarded_by<T, F>(
         &self,
         limit: Duration,
