@@ -6,6 +6,7 @@
 //! breaker as [`RedisStore::check`](sluice_core::Store::check). The script is
 //! `scripts/lua/sync.lua`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -119,12 +120,18 @@ pub fn hybrid_supports(policy: &Policy) -> Result<(), UnsupportedPolicy> {
     }
 }
 
-/// The script arguments of one entry, after `now` (the application clock, used only to name a
-/// window start near now for clock-aligned windows).
-fn push_entry(args: &mut Vec<String>, e: &SyncEntry, now: Timestamp) -> StoreResult<()> {
-    hybrid_supports(&e.policy).map_err(|u| StoreError::Rejected(u.to_string()))?;
+/// The script arguments of one policy, with the share of a key not synced yet under it; `now`
+/// (the application clock) is used only to name a window start near now for clock-aligned
+/// windows.
+fn push_policy(
+    args: &mut Vec<String>,
+    policy: &Policy,
+    share: u64,
+    now: Timestamp,
+) -> StoreResult<()> {
+    hybrid_supports(policy).map_err(|u| StoreError::Rejected(u.to_string()))?;
     let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-    let (a, b, reference) = match &e.policy {
+    let (a, b, reference) = match policy {
         Policy::FixedWindow(p) => {
             let window = nanos(p.window());
             match p.alignment() {
@@ -147,17 +154,49 @@ fn push_entry(args: &mut Vec<String>, e: &SyncEntry, now: Timestamp) -> StoreRes
             unreachable!("refused above")
         }
     };
-    args.push(code(e.policy.algorithm()).to_string());
-    args.push(e.units.to_string());
-    args.push(e.to_end_nanos.to_string());
+    args.push(code(policy.algorithm()).to_string());
     args.push(a.to_string());
     args.push(b.to_string());
     args.push(reference);
-    args.push(e.policy.limit().to_string());
-    args.push(e.keep.to_string());
-    args.push(e.want.to_string());
-    args.push(e.share.to_string());
+    args.push(policy.limit().to_string());
+    args.push(share.to_string());
     Ok(())
+}
+
+/// The script arguments of one call: the claimant's, then each policy the call's entries name,
+/// once, then each entry with its policy's number.
+fn call_args(
+    entries: &[SyncEntry],
+    members: &[usize],
+    claimant: Claimant<'_>,
+    offset: i64,
+    now: Timestamp,
+) -> StoreResult<Vec<String>> {
+    let mut policies: HashMap<(&Policy, u64), usize> = HashMap::new();
+    let mut policy_args = Vec::new();
+    let mut entry_args = Vec::with_capacity(5 * members.len());
+    for &i in members {
+        let e = &entries[i];
+        let next = policies.len() + 1;
+        let number = *policies.entry((&e.policy, e.share)).or_insert(next);
+        if number == next {
+            push_policy(&mut policy_args, &e.policy, e.share, now)?;
+        }
+        entry_args.push(number.to_string());
+        entry_args.push(e.units.to_string());
+        entry_args.push(e.to_end_nanos.to_string());
+        entry_args.push(e.keep.to_string());
+        entry_args.push(e.want.to_string());
+    }
+    let mut args = Vec::with_capacity(5 + policy_args.len() + entry_args.len());
+    args.push(offset.to_string());
+    args.push(claimant.id.to_owned());
+    args.push(whole_millis(claimant.ttl).to_string());
+    args.push(claimant.instances.max(1).to_string());
+    args.push(policies.len().to_string());
+    args.append(&mut policy_args);
+    args.append(&mut entry_args);
+    Ok(args)
 }
 
 /// `d` in whole milliseconds, at least 1: a time to live as the scripts take it.
@@ -165,48 +204,44 @@ fn whole_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-fn decode(policy: &Policy, value: &Value) -> StoreResult<Synced> {
-    let text = match value {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        other => {
-            return Err(StoreError::Rejected(format!(
-                "the sync script answered {other:?} for a key; expected a string"
-            )));
-        }
-    };
-    let malformed = || StoreError::Rejected(format!("the sync script answered `{text}`"));
-    let (fields, grant) = text.rsplit_once(' ').ok_or_else(malformed)?;
-    let grant = match grant {
-        "-" => None,
-        g => Some(g.parse::<u64>().map_err(|_| malformed())?),
-    };
-    let nums: Vec<i64> = fields
-        .split(' ')
-        .map(str::parse)
-        .collect::<Result<_, _>>()
-        .map_err(|_| malformed())?;
+/// One entry's four integers of the sync script's reply (see `sync.lua`).
+fn decode(policy: &Policy, reply: &[Value]) -> StoreResult<Synced> {
+    let mut n = [0i64; 4];
+    for (slot, v) in n.iter_mut().zip(reply) {
+        *slot = match v {
+            Value::Int(x) => *x,
+            other => {
+                return Err(StoreError::Rejected(format!(
+                    "the sync script answered {other:?} in a key's reply; expected an integer"
+                )));
+            }
+        };
+    }
+    let [x, y, z, grant] = n;
     let dur = |n: i64| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let state = match (policy, nums.as_slice()) {
-        (Policy::FixedWindow(_), [c, e]) => GlobalState::Window {
-            count: count(*c),
-            to_end: dur(*e),
+    let state = match policy {
+        Policy::FixedWindow(_) => GlobalState::Window {
+            count: count(x),
+            to_end: dur(y),
         },
-        (Policy::SlidingCounter(_), [c, p, e]) => GlobalState::Sliding {
-            current: count(*c),
-            previous: count(*p),
-            to_end: dur(*e),
+        Policy::SlidingCounter(_) => GlobalState::Sliding {
+            current: count(x),
+            previous: count(y),
+            to_end: dur(z),
         },
-        (Policy::TokenBucket(_) | Policy::Gcra(_), [b]) => GlobalState::Backlog(dur(*b)),
-        _ => {
+        Policy::TokenBucket(_) | Policy::Gcra(_) => GlobalState::Backlog(dur(x)),
+        Policy::SlidingLog(_) | Policy::LeakyQueue(_) | Policy::BucketedWindow(_) => {
             return Err(StoreError::Rejected(format!(
-                "the sync script answered `{text}` for a {} key",
+                "the sync script has no state for a {} key",
                 policy.algorithm()
             )));
         }
     };
-    Ok(Synced { state, grant })
+    Ok(Synced {
+        state,
+        grant: u64::try_from(grant).ok(),
+    })
 }
 
 impl RedisStore {
@@ -240,31 +275,27 @@ impl RedisStore {
         let keys: Vec<String> = entries.iter().map(|e| self.hybrid_key(&e.key)).collect();
         // Group by slot on a Cluster; elsewhere one group, cut by the batch size alike.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        // Each slot's group that still has room, so that grouping is linear in the keys.
+        let mut open: HashMap<u16, usize> = HashMap::new();
+        let cluster = self.is_cluster();
         for (i, k) in keys.iter().enumerate() {
-            let s = if self.is_cluster() {
-                slot(k.as_bytes())
-            } else {
-                0
-            };
-            match groups
-                .iter_mut()
-                .find(|(g, m)| *g == s && m.len() < batch.max(1))
-            {
-                Some((_, m)) => m.push(i),
-                None => groups.push((s, vec![i])),
+            let s = if cluster { slot(k.as_bytes()) } else { 0 };
+            match open.get(&s) {
+                Some(&g) if groups[g].1.len() < batch.max(1) => groups[g].1.push(i),
+                _ => {
+                    open.insert(s, groups.len());
+                    groups.push((s, vec![i]));
+                }
             }
         }
+        let mut keys: Vec<Option<String>> = keys.into_iter().map(Some).collect();
         let mut calls = Vec::with_capacity(groups.len());
         for (_, members) in &groups {
-            let mut args = Vec::with_capacity(4 + 10 * members.len());
-            args.push(offset.to_string());
-            args.push(claimant.id.to_owned());
-            args.push(whole_millis(claimant.ttl).to_string());
-            args.push(claimant.instances.max(1).to_string());
-            for &i in members {
-                push_entry(&mut args, &entries[i], now)?;
-            }
-            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+            let args = call_args(entries, members, claimant, offset, now)?;
+            let group_keys: Vec<String> = members
+                .iter()
+                .map(|&i| keys[i].take().unwrap_or_default())
+                .collect();
             calls.push((group_keys, args));
         }
         let conn = self.connection();
@@ -290,12 +321,12 @@ impl RedisStore {
                     "the sync script answered {reply:?}; expected an array"
                 )));
             };
-            if values.len() != members.len() {
+            if values.len() != 4 * members.len() {
                 return Err(StoreError::Rejected(
                     "the sync script answered a different number of keys".to_owned(),
                 ));
             }
-            for (&i, v) in members.iter().zip(&values) {
+            for (&i, v) in members.iter().zip(values.chunks_exact(4)) {
                 states[i] = Some(decode(&entries[i].policy, v)?);
             }
         }

@@ -444,3 +444,95 @@ fn calls_from_single_threaded_runtimes_are_batched_where_they_run() {
     });
     assert_eq!(admitted, [30, 20]);
 }
+
+/// One sync call carries entries of several policies, each policy's parameters sent once, and
+/// a key twice (a sliding counter's units of the previous window and of the current one): each
+/// entry's state and grant are its own, and a call cut into one-entry calls answers the same.
+#[tokio::test]
+async fn a_sync_call_carries_many_policies_and_a_key_twice() {
+    use sluice_core::{Gcra, Rate, TokenBucket};
+    use sluice_redis::{Claimant, GlobalState, SyncEntry, Synced};
+
+    let server = RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    let store = RedisStore::connect(&server.url(), test_options())
+        .await
+        .unwrap();
+    store.set_time_offset(offset_to_window_start(server.port, hour));
+    let gcra_slow: Policy = Gcra::new(Rate::per_minute(60), 10).unwrap().into();
+    let gcra_fast: Policy = Gcra::new(Rate::per_second(10), 5).unwrap().into();
+    let bucket: Policy = TokenBucket::new(20, Rate::per_minute(60)).unwrap().into();
+    let fixed: Policy = FixedWindow::new(100, hour, Alignment::Clock { utc_offset_secs: 0 })
+        .unwrap()
+        .into();
+    let sliding: Policy = SlidingCounter::new(100, hour).unwrap().into();
+    let claimant = Claimant {
+        id: "instance-a",
+        ttl: Duration::from_millis(500),
+        instances: 1,
+    };
+    for (batch, prefix) in [(512, "one-call"), (1, "one-each")] {
+        // The application clock the store dates windows by: 20 ms into an hour, as Redis's is.
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let now = i128::try_from(wall).unwrap() + i128::from(store.time_offset());
+        let start = now - now % hour.as_nanos() as i128;
+        let to = |t: i128| i64::try_from(t - now).unwrap();
+        let entry = |key: &str, policy: &Policy, units: u64, to_end_nanos: i64| SyncEntry {
+            key: format!("{prefix}:{key}"),
+            policy: policy.clone(),
+            units,
+            to_end_nanos,
+            keep: 0,
+            want: 0,
+            share: 0,
+        };
+        let entries = [
+            entry("gcra-slow", &gcra_slow, 3, 0),
+            entry("fixed", &fixed, 5, to(start + hour.as_nanos() as i128)),
+            entry("sliding", &sliding, 4, to(start)),
+            entry("gcra-fast", &gcra_fast, 2, 0),
+            entry("sliding", &sliding, 6, to(start + hour.as_nanos() as i128)),
+            entry("bucket", &bucket, 4, 0),
+        ];
+        let synced = store.sync_batch(&entries, batch, claimant).await.unwrap();
+        let backlog = |s: &Synced| match s.state {
+            GlobalState::Backlog(b) => b,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(backlog(&synced[0]), Duration::from_secs(3), "{prefix}");
+        assert_eq!(synced[0].grant, Some(7), "{prefix}");
+        assert_eq!(backlog(&synced[3]), Duration::from_millis(200), "{prefix}");
+        assert_eq!(synced[3].grant, Some(3), "{prefix}");
+        assert_eq!(backlog(&synced[5]), Duration::from_secs(4), "{prefix}");
+        assert_eq!(synced[5].grant, Some(16), "{prefix}");
+        let GlobalState::Window { count, to_end } = synced[1].state else {
+            panic!("{:?}", synced[1])
+        };
+        assert_eq!(count, 5, "{prefix}");
+        assert!(to_end <= hour && to_end > hour - Duration::from_secs(60));
+        assert_eq!(synced[1].grant, Some(95), "{prefix}");
+        // The key's first entry sees the previous window's 4 alone; its second, 20 ms or so into
+        // the window, both: the previous window's 4 weigh 3 (rounded down), so 9 are used.
+        let GlobalState::Sliding {
+            current, previous, ..
+        } = synced[2].state
+        else {
+            panic!("{:?}", synced[2])
+        };
+        assert_eq!((current, previous), (0, 4), "{prefix}");
+        let GlobalState::Sliding {
+            current,
+            previous,
+            to_end,
+        } = synced[4].state
+        else {
+            panic!("{:?}", synced[4])
+        };
+        assert_eq!((current, previous), (6, 4), "{prefix}");
+        assert!(to_end <= hour && to_end > hour - Duration::from_secs(60));
+        assert_eq!(synced[4].grant, Some(91), "{prefix}");
+    }
+}

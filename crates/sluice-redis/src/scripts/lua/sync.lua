@@ -7,12 +7,9 @@
 -- ARGV[2]: this instance's id (no spaces).
 -- ARGV[3]: how long (ms) a claim holds unless renewed by the instance's next sync.
 -- ARGV[4]: the live instances, among which what is left is split.
--- ARGV[5 + 10(i-1)] ..= ARGV[14 + 10(i-1)]: entry i:
+-- ARGV[5]: P, the policies the entries name; each is sent once, however many keys follow it.
+-- ARGV[6 + 6(p-1)] ..= ARGV[11 + 6(p-1)]: policy p:
 --   code   the algorithm (TOKEN_BUCKET, GCRA, FIXED_WINDOW or SLIDING_COUNTER);
---   units  units the instance admitted since its last sync, 0 to only read;
---   to_end for the windowed algorithms, ns from the instance's now to the end of the window the
---          units were counted in (0 or less: a window that has ended); for the buckets, ns from
---          the instance's now to when the latest of the units was admitted (0 or less);
 --   a, b   FIXED_WINDOW: the window (ns) and 1 when windows start at a key's first request;
 --          SLIDING_COUNTER: the window (ns) and 0;
 --          TOKEN_BUCKET and GCRA: the period (ns) and the units it refills, so one unit takes
@@ -21,10 +18,16 @@
 --          epoch); '-' otherwise;
 --   limit  the units the key holds when nothing is used: the window's limit, the bucket's
 --          capacity, GCRA's burst;
+--   share  the units an instance may admit on a key it has not synced yet (unreserved).
+-- ARGV[E + 5(i-1)] ..= ARGV[E + 4 + 5(i-1)], E = 6 + 6P: entry i:
+--   p      its policy's number;
+--   units  units the instance admitted since its last sync, 0 to only read;
+--   to_end for the windowed algorithms, ns from the instance's now to the end of the window the
+--          units were counted in (0 or less: a window that has ended); for the buckets, ns from
+--          the instance's now to when the latest of the units was admitted (0 or less);
 --   keep   units of the instance's previous grant it keeps for the requests it admits while
 --          this call is on its way; the rest of that grant is given back;
---   want   units the instance expects to be asked for until its next sync;
---   share  the units an instance may admit on a key it has not synced yet (unreserved).
+--   want   units the instance expects to be asked for until its next sync.
 --
 -- Units belong to the window they were counted in, never to the next: a unit whose window is
 -- neither Redis's current window nor (sliding counter) the one before it is dropped, since the
@@ -48,96 +51,150 @@
 -- an instance that stops takes its claims with it; a claim is tied to its window and goes with
 -- it.
 --
--- Returns one string per entry, the grant last ('-': no live window to claim in):
---   FIXED_WINDOW:    "<count> <ns to the window's end> <grant>" (a count of 0 and 0 ns: no live
+-- Returns four integers per entry, the grant last (-1: no live window to claim in):
+--   FIXED_WINDOW:    count, ns to the window's end, 0, grant (a count of 0 and 0 ns: no live
 --                    window);
---   SLIDING_COUNTER: "<current> <previous> <ns to the current window's end> <grant>";
---   TOKEN_BUCKET, GCRA: "<backlog ns> <grant>": how far the key's theoretical arrival time lies
+--   SLIDING_COUNTER: current, previous, ns to the current window's end, grant;
+--   TOKEN_BUCKET, GCRA: backlog ns, 0, 0, grant: how far the key's theoretical arrival time lies
 --     after now, which the instance turns back into its own state on its own clock.
+-- Integers rather than text, so that neither side formats or parses a reply.
+--
+-- Cost. Every key is read with one MGET per call (a thousand keys at a time) and written with
+-- one SET each; each C call or number conversion in Lua costs Redis hundreds of instructions, so
+-- a policy's parameters and its window's start are read once per call, and zeros are compared
+-- as strings. The stored value's format is unchanged by this layout, so instances of either
+-- layout share keys during a rolling upgrade.
 --#include clock.lua
 --#include helpers.lua
 
 local me = ARGV[2]
 local ms = S * 1000 + math.floor(now / 1000000)
-local expiry = ms + tonumber(ARGV[3])
-local instances = math.max(tonumber(ARGV[4]), 1)
+local ttl = ARGV[3] + 0
+local instances = math.max(ARGV[4] + 0, 1)
+local find, sub = string.find, string.sub
+-- What follows the instance's id in its claim, and the claim's expiry, as stored.
+local mine_at, until_text = ' ' .. me .. ' ', ' ' .. int(ms + ttl)
 
--- What this instance may admit of `free` units until its next sync, wanting `want`.
-local function grant_of(free, want)
-  if free < 1 then return 0 end
-  if instances == 1 then return free end
-  return math.min(free, math.max(want, math.floor(free / instances), 1))
+-- The policies: their parameters, and what each needs of the time, once per call.
+local P = ARGV[5] + 0
+local code_of, a_of, b_of, limit_of, share_of, grid_of = {}, {}, {}, {}, {}, {}
+for p = 1, P do
+  local base = 6 + 6 * (p - 1)
+  local code, a = ARGV[base], ARGV[base + 1] + 0
+  code_of[p], a_of[p], b_of[p] = code, a, ARGV[base + 2] + 0
+  limit_of[p], share_of[p] = ARGV[base + 4] + 0, ARGV[base + 5] + 0
+  local ref = ARGV[base + 3]
+  -- Clock-aligned windows: the start of the window now falls in (relative to S).
+  if ref ~= '-' then grid_of[p] = grid_start(rel(ref), a) else grid_of[p] = false end
 end
 
--- The stored value: the algorithm's fields, then ' | ' and the claims, if any.
-local function store(key, fields, born, claims, px)
-  redis.call('SET', key, fields .. ' | ' .. int(born) .. ' ' .. table.concat(claims, ' '), 'PX', px)
+-- The claims part of a stored value, "<born> <id> <units> <expiry-ms> ...": when the key was
+-- first synced (as stored), and the other instances' live claims as one string (each led by
+-- a space), what they hold and how many they are. This instance's own claim is left out: the
+-- sync replaces it.
+local function others_of(c)
+  local sp = find(c, ' ', 1, true)
+  if not sp then return c, 0, '', 0 end
+  local held, kept, n = 0, '', 0
+  local pos, len = sp + 1, #c
+  while pos <= len do
+    local a = find(c, ' ', pos, true)
+    if not a then break end
+    local b = find(c, ' ', a + 1, true)
+    if not b then break end
+    local e = find(c, ' ', b + 1, true) or len + 1
+    if sub(c, pos, a - 1) ~= me and sub(c, b + 1, e - 1) + 0 > ms then
+      held = held + sub(c, a + 1, b - 1)
+      kept = kept .. ' ' .. sub(c, pos, e - 1)
+      n = n + 1
+    end
+    pos = e + 1
+  end
+  return sub(c, 1, sp - 1), held, kept, n
+end
+
+-- This instance's grant out of what `used` leaves of `limit` once the other claims (`held`, by
+-- `n` instances) and what it keeps are set aside, and the claims to store with its own. A lone
+-- instance is bounded by the limit alone: it reserves only what it keeps, so that an instance
+-- joining it finds the rest free. While the key is young, a live instance with no claim may be
+-- admitting its first, unreserved share: that much is set aside for each.
+local function claim(used, born, held, others, n, limit, keep, want, share)
+  local unsynced = 0
+  if instances > 1 and ms - born < ttl then unsynced = math.max(instances - 1 - n, 0) end
+  local free = limit - used - held - keep - unsynced * share
+  local g, mine = 0, keep
+  if free >= 1 then
+    if instances == 1 then
+      g = free
+    else
+      g = math.min(free, math.max(want, math.floor(free / instances), 1))
+    end
+  end
+  if instances > 1 then mine = keep + g end
+  if mine == 0 then mine = '0' else mine = int(mine) end
+  return g, born .. others .. mine_at .. mine .. until_text
+end
+
+-- Every key's value first, a thousand keys to a call; a key given twice reads, the second time,
+-- what its first entry wrote.
+local stored_of, written = {}, {}
+local nk = #KEYS
+for first = 1, nk, 1000 do
+  local got = redis.call('MGET', unpack(KEYS, first, math.min(first + 999, nk)))
+  for j = 1, #got do stored_of[first + j - 1] = got[j] end
 end
 
 local out = {}
-for i = 1, #KEYS do
-  local base = 5 + 10 * (i - 1)
-  local code = ARGV[base]
-  local units = tonumber(ARGV[base + 1])
-  local to_end = tonumber(ARGV[base + 2])
-  local a = tonumber(ARGV[base + 3])
-  local b = tonumber(ARGV[base + 4])
-  local ref = ARGV[base + 5]
-  local limit = tonumber(ARGV[base + 6])
-  local keep = tonumber(ARGV[base + 7])
-  local want = tonumber(ARGV[base + 8])
-  local share = tonumber(ARGV[base + 9])
+local e0 = 6 + 6 * P
+for i = 1, nk do
+  local base = e0 + 5 * (i - 1)
+  local p = ARGV[base] + 0
+  local code, a, limit = code_of[p], a_of[p], limit_of[p]
+  -- Zeros are common, and compared as strings, which costs no conversion.
+  local units, keep = ARGV[base + 1], ARGV[base + 3]
+  if units == '0' then units = 0 else units = units + 0 end
+  if keep == '0' then keep = 0 else keep = keep + 0 end
+  local to_end = ARGV[base + 2] + 0
   local key = KEYS[i]
-  local stored = redis.call('GET', key)
-  local f, c = {}, {}
+  local stored = written[key] or stored_of[i]
+  -- "<code> <x> [<y> [<z>]] | <claims>": x, y and z are read only under this entry's code; a
+  -- value stored under another algorithm counts as fresh, claims and all.
+  local x, y, z, c
   if stored then
-    local claims = false
-    for w in string.gmatch(stored, '%S+') do
-      if w == '|' then claims = true
-      elseif claims then c[#c + 1] = w
-      else f[#f + 1] = w end
-    end
-    if f[1] ~= code then f, c = {}, {} end
-  end
-  -- The other instances' live claims, and what they hold; this instance's is replaced below.
-  -- When the key (or its window) was first synced: its claims count from then.
-  local born = ms
-  local held, claims = 0, {}
-  local function read_claims()
-    if c[1] then born = tonumber(c[1]) end
-    for j = 2, #c - 2, 3 do
-      local units_held, until_ms = tonumber(c[j + 1]), tonumber(c[j + 2])
-      if c[j] ~= me and until_ms > ms then
-        held = held + units_held
-        claims[#claims + 1] = c[j] .. ' ' .. c[j + 1] .. ' ' .. c[j + 2]
+    local bar = find(stored, ' | ', 1, true)
+    local fields = stored
+    if bar then fields, c = sub(stored, 1, bar - 1), sub(stored, bar + 3) end
+    local p1 = find(fields, ' ', 1, true)
+    if p1 and sub(fields, 1, p1 - 1) == code then
+      local p2 = find(fields, ' ', p1 + 1, true)
+      if p2 then
+        x = sub(fields, p1 + 1, p2 - 1)
+        local p3 = find(fields, ' ', p2 + 1, true)
+        if p3 then y, z = sub(fields, p2 + 1, p3 - 1), sub(fields, p3 + 1) else y = sub(fields, p2 + 1) end
+      else
+        x = sub(fields, p1 + 1)
       end
+    else
+      c = nil
     end
   end
-  -- This instance's grant out of what `used` leaves, and its new claim among `claims`.
-  -- A lone instance is bounded by the limit alone: it reserves only what it keeps, so that an
-  -- instance joining it finds the rest free.
-  local function claim(used)
-    local unsynced = 0
-    if ms - born < tonumber(ARGV[3]) then unsynced = math.max(instances - 1 - #claims, 0) end
-    local g = grant_of(limit - used - held - keep - unsynced * share, want)
-    local mine = keep + g
-    if instances == 1 then mine = keep end
-    claims[#claims + 1] = me .. ' ' .. int(mine) .. ' ' .. int(expiry)
-    return g
-  end
+  -- When the key (or its window) was first synced, and the other instances' live claims; read
+  -- only when the stored claims belong to the live window.
+  local born, held, others, n = ms, 0, '', 0
+  local j = 4 * i
+  local value, px
   if code == FIXED_WINDOW then
     local W = a
     local cur_end, count = nil, 0
-    local live_end = f[2] and rel(f[2])
-    if ref ~= '-' then
-      local r = rel(ref)
-      cur_end = r + floor_div(now - r, W) * W + W
-      if live_end == cur_end then count = tonumber(f[3]) end
+    local live_end = x and rel(x)
+    if grid_of[p] then
+      cur_end = grid_of[p] + W
+      if live_end == cur_end then count = y + 0 end
     elseif live_end and live_end > now then
-      cur_end, count = live_end, tonumber(f[3])
+      cur_end, count = live_end, y + 0
     end
     -- Claims belong to the window they were made in.
-    if cur_end and live_end == cur_end then read_claims() end
+    if c and cur_end and live_end == cur_end then born, held, others, n = others_of(c) end
     if units > 0 then
       local d_end = now + to_end
       if cur_end == nil then
@@ -147,30 +204,26 @@ for i = 1, #KEYS do
       end
     end
     if cur_end then
-      local g = claim(count)
+      local g, claims = claim(count, born, held, others, n, limit, keep, ARGV[base + 4] + 0, share_of[p])
       -- Stored even with nothing counted: the claims, this instance's at least, are kept.
-      store(key, code .. ' ' .. absolute(cur_end) .. ' ' .. int(count), born, claims,
-        ceil_div(cur_end - now, 1000000) + 1000)
-      if count > 0 then
-        out[i] = int(count) .. ' ' .. int(cur_end - now) .. ' ' .. int(g)
-      else
-        out[i] = '0 0 ' .. int(g)
-      end
+      value = code .. ' ' .. absolute(cur_end) .. ' ' .. int(count) .. ' | ' .. claims
+      px = ceil_div(cur_end - now, 1000000) + 1000
+      if count > 0 then out[j - 3], out[j - 2] = count, cur_end - now else out[j - 3], out[j - 2] = 0, 0 end
+      out[j - 1], out[j] = 0, g
     else
-      out[i] = '0 0 -'
+      out[j - 3], out[j - 2], out[j - 1], out[j] = 0, 0, 0, -1
     end
   elseif code == SLIDING_COUNTER then
     local W = a
-    local r = rel(ref)
-    local start = r + floor_div(now - r, W) * W
+    local start = grid_of[p]
     local cur, prev = 0, 0
-    if f[2] then
-      local s = rel(f[2])
+    if x then
+      local s = rel(x)
       if s == start then
-        cur, prev = tonumber(f[3]), tonumber(f[4])
-        read_claims()
+        cur, prev = y + 0, z + 0
+        if c then born, held, others, n = others_of(c) end
       elseif s == start - W then
-        prev = tonumber(f[3])
+        prev = y + 0
       end
     end
     if units > 0 then
@@ -183,17 +236,19 @@ for i = 1, #KEYS do
     end
     -- The previous window counts for the part of it still inside the sliding window, rounded
     -- down as the core's estimate is.
-    local g = claim(cur + mul_div(prev, start + W - now, W, false))
-    store(key, code .. ' ' .. absolute(start) .. ' ' .. int(cur) .. ' ' .. int(prev), born, claims,
-      ceil_div(start + 2 * W - now, 1000000) + 1000)
-    out[i] = int(cur) .. ' ' .. int(prev) .. ' ' .. int(start + W - now) .. ' ' .. int(g)
+    local g, claims = claim(cur + mul_div(prev, start + W - now, W, false), born, held, others, n,
+      limit, keep, ARGV[base + 4] + 0, share_of[p])
+    value = code .. ' ' .. absolute(start) .. ' ' .. int(cur) .. ' ' .. int(prev) .. ' | ' .. claims
+    px = ceil_div(start + 2 * W - now, 1000000) + 1000
+    out[j - 3], out[j - 2], out[j - 1], out[j] = cur, prev, start + W - now, g
   else
     -- TOKEN_BUCKET and GCRA: a theoretical arrival time, pushed later by each unit's share of
     -- the period. A backlog beyond the burst is debt the instances over-admitted; it is kept,
     -- so that they admit that much less afterwards.
+    local b = b_of[p]
     local tat = now
-    if f[2] then tat = rel(f[2]) end
-    read_claims()
+    if x then tat = rel(x) end
+    if c then born, held, others, n = others_of(c) end
     if units > 0 then
       -- The units were admitted up to -to_end ago: the bucket has refilled since then.
       local at = now + math.min(to_end, 0)
@@ -202,10 +257,15 @@ for i = 1, #KEYS do
     end
     if tat < now then tat = now end
     -- One unit takes a / b ns to refill, so the backlog holds backlog * b / a units.
-    local g = claim(mul_div(tat - now, b, a, true))
-    store(key, code .. ' ' .. absolute(tat), born, claims,
-      math.max(ceil_div(tat - now, 1000000), tonumber(ARGV[3])) + 1000)
-    out[i] = int(tat - now) .. ' ' .. int(g)
+    local g, claims = claim(mul_div(tat - now, b, a, true), born, held, others, n, limit, keep,
+      ARGV[base + 4] + 0, share_of[p])
+    value = code .. ' ' .. absolute(tat) .. ' | ' .. claims
+    px = math.max(ceil_div(tat - now, 1000000), ttl) + 1000
+    out[j - 3], out[j - 2], out[j - 1], out[j] = tat - now, 0, 0, g
+  end
+  if value then
+    redis.call('SET', key, value, 'PX', px)
+    written[key] = value
   end
 end
 return out
