@@ -116,6 +116,28 @@ impl Entry {
         }
     }
 
+    /// Keeps `state`, which admitted `cost` units with decision `d` at `now`: the units are
+    /// taken from the allowance and owed to the global count.
+    fn commit(
+        &mut self,
+        policy: &Policy,
+        state: Local,
+        cost: u64,
+        d: Decision,
+        now: Timestamp,
+        dropped: &AtomicU64,
+    ) {
+        let end = if is_bucket(policy) {
+            now
+        } else {
+            window_end(policy, &state)
+        };
+        self.state = state;
+        self.allowance = self.allowance.saturating_sub(cost);
+        self.add_pending(end, cost, dropped);
+        self.expires = self.expires.max(now.saturating_add(d.reset_after));
+    }
+
     fn pending_units(&self) -> u64 {
         self.pending.iter().map(|(_, u)| u).sum()
     }
@@ -416,12 +438,14 @@ impl<C: Clock + 'static> HybridStore<C> {
         let inner = &self.inner;
         let now = inner.clock.now();
         let mut over = 0u64;
-        // A key pushed in two windows appears twice; its last reply is the latest state.
-        let mut last: HashMap<&str, usize> = HashMap::new();
-        for (i, s) in entries.iter().enumerate() {
-            last.insert(&s.key, i);
-        }
-        let last: Vec<(&str, usize)> = last.into_iter().collect();
+        // A key pushed in two windows appears twice, one entry after the other (see
+        // `sync_now`); its last reply is the latest state.
+        let last: Vec<(&str, usize)> = entries
+            .iter()
+            .enumerate()
+            .filter(|&(i, s)| entries.get(i + 1).is_none_or(|next| next.key != s.key))
+            .map(|(i, s)| (s.key.as_str(), i))
+            .collect();
         // The keys are updated a chunk at a time, each under the lock on its own, so that
         // requests are not held up behind a sync of many keys; every key's update reads its
         // entry as it is then, so none depends on the others.
@@ -523,9 +547,109 @@ impl<C: Clock + 'static> HybridStore<C> {
 
     /// Decides every check locally, all or nothing.
     fn check_local(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
+        if let [one] = checks {
+            return self.check_one(one).map(|d| vec![d]);
+        }
+        let now = self.inner.clock.now();
+        let mut keys = lock(&self.inner.keys);
+        self.check_with(&mut keys, checks, now)
+    }
+
+    /// Decides one check as [`Self::check_with`] would, with one lookup of the key (two for a
+    /// key this instance does not track yet).
+    fn check_one(&self, c: &Check<'_>) -> StoreResult<Decision> {
         let inner = &self.inner;
         let now = inner.clock.now();
         let mut keys = lock(&inner.keys);
+        let e = match keys.get_mut(c.key) {
+            Some(e) if e.policy == *c.policy => e,
+            Some(_) => {
+                // The key's policy changed with the rules: the general path starts it afresh.
+                let mut d = self.check_with(&mut keys, std::slice::from_ref(c), now)?;
+                return d.pop().ok_or_else(|| unheld(c.policy));
+            }
+            None => {
+                if c.cost > 0 && keys.len() >= inner.options.max_keys {
+                    keys.retain(|_, e| !e.pending.is_empty() || e.expires > now);
+                    if keys.len() >= inner.options.max_keys {
+                        return Err(StoreError::Full {
+                            max_keys: inner.options.max_keys,
+                        });
+                    }
+                }
+                let Some((state, d)) = decide(c.policy, None, now, c.cost) else {
+                    return Err(unheld(c.policy));
+                };
+                let share = self.share(c.policy.limit());
+                let d = self.within_share(d, c.cost, share, now)?;
+                if d.allowed && c.cost > 0 {
+                    let mut fresh = Entry::new(c.policy, state, now, share);
+                    fresh.wanted = c.cost;
+                    fresh.commit(c.policy, state, c.cost, d, now, &inner.dropped);
+                    keys.insert(c.key.to_owned(), fresh);
+                }
+                return Ok(d);
+            }
+        };
+        if c.cost > 0 {
+            e.wanted = e.wanted.saturating_add(c.cost);
+        }
+        let Some((state, d)) = decide(c.policy, Some(&e.state), now, c.cost) else {
+            return Err(unheld(c.policy));
+        };
+        let share = if self.alone() {
+            u64::MAX
+        } else {
+            e.allowance_at(now)
+        };
+        let d = self.within_share(d, c.cost, share, now)?;
+        if d.allowed && c.cost > 0 {
+            e.commit(c.policy, state, c.cost, d, now, &self.inner.dropped);
+        }
+        Ok(d)
+    }
+
+    /// `d` as this instance may answer it: a request the limit admits but whose cost does not
+    /// fit the instance's `share` is refused until the next sync brings a new one, or, when
+    /// syncs have failed for so long that the claims this instance held have lapsed, left to the
+    /// rule's `on_store_error` (Redis is away).
+    fn within_share(
+        &self,
+        d: Decision,
+        cost: u64,
+        share: u64,
+        now: Timestamp,
+    ) -> StoreResult<Decision> {
+        if !d.allowed || cost <= share {
+            return Ok(d);
+        }
+        let inner = &self.inner;
+        let lag = now.saturating_since(Timestamp::from_nanos(
+            inner.last_sync.load(Ordering::Relaxed),
+        ));
+        if inner.away.load(Ordering::Relaxed) && lag >= self.claim_ttl() / 2 {
+            return Err(StoreError::Unavailable(format!(
+                "the hybrid store has not synced with Redis for {lag:?}, and this \
+                 instance's share of the limit is used up or has lapsed"
+            )));
+        }
+        Ok(Decision {
+            allowed: false,
+            remaining: d.remaining.min(share),
+            retry_after: inner.options.sync_interval,
+            ..d
+        })
+    }
+
+    /// Decides `checks` on `keys`, all or nothing: the general path, for requests of several
+    /// checks and for keys not tracked yet.
+    fn check_with(
+        &self,
+        keys: &mut HashMap<String, Entry>,
+        checks: &[Check<'_>],
+        now: Timestamp,
+    ) -> StoreResult<Vec<Decision>> {
+        let inner = &self.inner;
         // Room for the keys this request would create, made before anything is decided.
         let new = checks
             .iter()
@@ -559,7 +683,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                     .filter(|e| e.policy == *c.policy)
                     .map(|e| e.state),
             };
-            let Some((state, mut d)) = decide(c.policy, stored.as_ref(), now, c.cost) else {
+            let Some((state, d)) = decide(c.policy, stored.as_ref(), now, c.cost) else {
                 return Err(unheld(c.policy));
             };
             // This instance's share, less what earlier checks of this request on the key take.
@@ -575,28 +699,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 .filter(|e| e.key == c.key && e.policy == c.policy)
                 .map(|e| e.cost)
                 .sum();
-            let share = share.saturating_sub(taken);
-            if d.allowed && c.cost > share {
-                // The limit may have room, but not within this instance's share until the next
-                // sync brings a new one. If syncs have failed for so long that the claims this
-                // instance held have lapsed, Redis is away: the rule's `on_store_error` decides.
-                let lag = now.saturating_since(Timestamp::from_nanos(
-                    inner.last_sync.load(Ordering::Relaxed),
-                ));
-                if inner.away.load(Ordering::Relaxed) && lag >= self.claim_ttl() / 2 {
-                    return Err(StoreError::Unavailable(format!(
-                        "the hybrid store has not synced with Redis for {lag:?}, and this \
-                         instance's share of the limit is used up or has lapsed"
-                    )));
-                }
-                let wait = self.inner.options.sync_interval;
-                d = Decision {
-                    allowed: false,
-                    remaining: d.remaining.min(share),
-                    retry_after: wait,
-                    ..d
-                };
-            }
+            let d = self.within_share(d, c.cost, share.saturating_sub(taken), now)?;
             if d.allowed && c.cost > 0 {
                 after.push((c.key, c.policy, state));
             }
@@ -613,26 +716,20 @@ impl<C: Clock + 'static> HybridStore<C> {
             else {
                 continue;
             };
-            let end = if is_bucket(c.policy) {
-                now
-            } else {
-                window_end(c.policy, &state)
+            let entry = match keys.get_mut(c.key) {
+                Some(e) => e,
+                None => {
+                    let mut fresh = Entry::new(c.policy, state, now, self.share(c.policy.limit()));
+                    fresh.wanted = c.cost;
+                    keys.entry(c.key.to_owned()).or_insert(fresh)
+                }
             };
-            let fresh_share = self.share(c.policy.limit());
-            let entry = keys.entry(c.key.to_owned()).or_insert_with(|| {
-                let mut fresh = Entry::new(c.policy, state, now, fresh_share);
-                fresh.wanted = c.cost;
-                fresh
-            });
             if entry.policy != *c.policy {
                 // The key's policy changed with the rules: start it afresh.
                 entry.policy = c.policy.clone();
                 entry.pending.clear();
             }
-            entry.state = state;
-            entry.allowance = entry.allowance.saturating_sub(c.cost);
-            entry.add_pending(end, c.cost, &inner.dropped);
-            entry.expires = entry.expires.max(now.saturating_add(d.reset_after));
+            entry.commit(c.policy, state, c.cost, *d, now, &inner.dropped);
         }
         // A key repeated in the request keeps the state its last check left.
         for (k, p, state) in after.iter().rev() {
@@ -688,8 +785,7 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
 
     /// Every decision is local, so a single check never waits: no future, no box.
     fn check_now(&self, check: Check<'_>) -> Option<StoreResult<Decision>> {
-        let one = self.check_local(std::slice::from_ref(&check));
-        Some(one.and_then(|mut d| d.pop().ok_or_else(|| unheld(check.policy))))
+        Some(self.check_one(&check))
     }
 
     /// Decides locally, like a check. A key this instance has not seen yet is registered, so

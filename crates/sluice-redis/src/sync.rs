@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use foldhash::fast::FixedState;
 use futures_util::future::join_all;
 use redis::Value;
 use sluice_core::{Alignment, Policy, StoreError, StoreResult, Timestamp, UnsupportedPolicy};
@@ -172,7 +173,8 @@ fn call_args(
     offset: i64,
     now: Timestamp,
 ) -> StoreResult<Vec<String>> {
-    let mut policies: HashMap<(&Policy, u64), usize> = HashMap::new();
+    // Policies come from the rules, not from clients: a fast hasher will do.
+    let mut policies: HashMap<(&Policy, u64), usize, FixedState> = HashMap::default();
     let mut policy_args = Vec::new();
     let mut entry_args = Vec::with_capacity(5 * members.len());
     for &i in members {
@@ -204,7 +206,16 @@ fn whole_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// One entry's four integers of the sync script's reply (see `sync.lua`).
+/// How many integers of the sync script's reply belong to an entry of `policy`.
+fn reply_width(policy: &Policy) -> usize {
+    match policy {
+        Policy::SlidingCounter(_) => 4,
+        Policy::FixedWindow(_) => 3,
+        _ => 2,
+    }
+}
+
+/// One entry's integers of the sync script's reply (see `sync.lua`), [`reply_width`] of them.
 fn decode(policy: &Policy, reply: &[Value]) -> StoreResult<Synced> {
     let mut n = [0i64; 4];
     for (slot, v) in n.iter_mut().zip(reply) {
@@ -217,21 +228,28 @@ fn decode(policy: &Policy, reply: &[Value]) -> StoreResult<Synced> {
             }
         };
     }
-    let [x, y, z, grant] = n;
     let dur = |n: i64| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let state = match policy {
-        Policy::FixedWindow(_) => GlobalState::Window {
-            count: count(x),
-            to_end: dur(y),
-        },
-        Policy::SlidingCounter(_) => GlobalState::Sliding {
-            current: count(x),
-            previous: count(y),
-            to_end: dur(z),
-        },
-        Policy::TokenBucket(_) | Policy::Gcra(_) => GlobalState::Backlog(dur(x)),
-        Policy::SlidingLog(_) | Policy::LeakyQueue(_) | Policy::BucketedWindow(_) => {
+    let (state, grant) = match (policy, n) {
+        (Policy::FixedWindow(_), [c, e, g, _]) => (
+            GlobalState::Window {
+                count: count(c),
+                to_end: dur(e),
+            },
+            g,
+        ),
+        (Policy::SlidingCounter(_), [c, p, e, g]) => (
+            GlobalState::Sliding {
+                current: count(c),
+                previous: count(p),
+                to_end: dur(e),
+            },
+            g,
+        ),
+        (Policy::TokenBucket(_) | Policy::Gcra(_), [b, g, _, _]) => {
+            (GlobalState::Backlog(dur(b)), g)
+        }
+        _ => {
             return Err(StoreError::Rejected(format!(
                 "the sync script has no state for a {} key",
                 policy.algorithm()
@@ -321,13 +339,20 @@ impl RedisStore {
                     "the sync script answered {reply:?}; expected an array"
                 )));
             };
-            if values.len() != 4 * members.len() {
+            let widths: usize = members
+                .iter()
+                .map(|&i| reply_width(&entries[i].policy))
+                .sum();
+            if values.len() != widths {
                 return Err(StoreError::Rejected(
                     "the sync script answered a different number of keys".to_owned(),
                 ));
             }
-            for (&i, v) in members.iter().zip(values.chunks_exact(4)) {
-                states[i] = Some(decode(&entries[i].policy, v)?);
+            let mut rest = values.as_slice();
+            for &i in members {
+                let (these, after) = rest.split_at(reply_width(&entries[i].policy));
+                states[i] = Some(decode(&entries[i].policy, these)?);
+                rest = after;
             }
         }
         Ok(states.into_iter().flatten().collect())

@@ -51,13 +51,15 @@
 -- an instance that stops takes its claims with it; a claim is tied to its window and goes with
 -- it.
 --
--- Returns four integers per entry, the grant last (-1: no live window to claim in):
---   FIXED_WINDOW:    count, ns to the window's end, 0, grant (a count of 0 and 0 ns: no live
+-- Returns integers, entry after entry, each entry's grant last (-1: no live window to claim
+-- in):
+--   FIXED_WINDOW:    count, ns to the window's end, grant (a count of 0 and 0 ns: no live
 --                    window);
 --   SLIDING_COUNTER: current, previous, ns to the current window's end, grant;
---   TOKEN_BUCKET, GCRA: backlog ns, 0, 0, grant: how far the key's theoretical arrival time lies
---     after now, which the instance turns back into its own state on its own clock.
--- Integers rather than text, so that neither side formats or parses a reply.
+--   TOKEN_BUCKET, GCRA: backlog ns, grant: how far the key's theoretical arrival time lies after
+--     now, which the instance turns back into its own state on its own clock.
+-- Integers rather than text, so that Redis formats no number, and as few as each algorithm
+-- needs, since the client parses each one.
 --
 -- Cost. Every key is read with one MGET per call (a thousand keys at a time) and written with
 -- one SET each; each C call or number conversion in Lua costs Redis hundreds of instructions, so
@@ -181,7 +183,7 @@ for i = 1, nk do
   -- When the key (or its window) was first synced, and the other instances' live claims; read
   -- only when the stored claims belong to the live window.
   local born, held, others, n = ms, 0, '', 0
-  local j = 4 * i
+  local j = #out
   local value, px
   if code == FIXED_WINDOW then
     local W = a
@@ -208,10 +210,10 @@ for i = 1, nk do
       -- Stored even with nothing counted: the claims, this instance's at least, are kept.
       value = code .. ' ' .. absolute(cur_end) .. ' ' .. int(count) .. ' | ' .. claims
       px = ceil_div(cur_end - now, 1000000) + 1000
-      if count > 0 then out[j - 3], out[j - 2] = count, cur_end - now else out[j - 3], out[j - 2] = 0, 0 end
-      out[j - 1], out[j] = 0, g
+      if count > 0 then out[j + 1], out[j + 2] = count, cur_end - now else out[j + 1], out[j + 2] = 0, 0 end
+      out[j + 3] = g
     else
-      out[j - 3], out[j - 2], out[j - 1], out[j] = 0, 0, 0, -1
+      out[j + 1], out[j + 2], out[j + 3] = 0, 0, -1
     end
   elseif code == SLIDING_COUNTER then
     local W = a
@@ -240,7 +242,7 @@ for i = 1, nk do
       limit, keep, ARGV[base + 4] + 0, share_of[p])
     value = code .. ' ' .. absolute(start) .. ' ' .. int(cur) .. ' ' .. int(prev) .. ' | ' .. claims
     px = ceil_div(start + 2 * W - now, 1000000) + 1000
-    out[j - 3], out[j - 2], out[j - 1], out[j] = cur, prev, start + W - now, g
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = cur, prev, start + W - now, g
   else
     -- TOKEN_BUCKET and GCRA: a theoretical arrival time, pushed later by each unit's share of
     -- the period. A backlog beyond the burst is debt the instances over-admitted; it is kept,
@@ -261,7 +263,7 @@ for i = 1, nk do
       ARGV[base + 4] + 0, share_of[p])
     value = code .. ' ' .. absolute(tat) .. ' | ' .. claims
     px = math.max(ceil_div(tat - now, 1000000), ttl) + 1000
-    out[j - 3], out[j - 2], out[j - 1], out[j] = tat - now, 0, 0, g
+    out[j + 1], out[j + 2] = tat - now, g
   end
   if value then
     redis.call('SET', key, value, 'PX', px)
