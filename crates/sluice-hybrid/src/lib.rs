@@ -325,15 +325,19 @@ impl<C: Clock + 'static> HybridStore<C> {
         let mut entries: Vec<SyncEntry> = Vec::new();
         {
             let mut keys = lock(&inner.keys);
-            keys.retain(|_, e| !e.pending.is_empty() || e.expires > now);
-            for (key, e) in keys.iter_mut() {
+            // One pass: entries with nothing to push whose counter is full again go, the others
+            // are listed.
+            keys.retain(|key, e| {
+                if e.pending.is_empty() && e.expires <= now {
+                    return false;
+                }
                 // A key with nothing to push is read if it was asked for since the last sync,
                 // and otherwise only every quarter of a claim's time to live, to renew its
                 // claim: a key that sees a request now and then costs Redis a few reads a
                 // second, not one every interval. A key in the negative cache is not read.
                 let idle = e.wanted == 0 && now < e.renew_at;
                 if e.pending.is_empty() && (e.quiet_until > now || idle) {
-                    continue;
+                    return true;
                 }
                 e.renew_at = now.saturating_add(ttl / 4);
                 // Of its allowance, the instance keeps twice what this key was asked for since
@@ -355,7 +359,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                         want,
                         share,
                     });
-                    continue;
+                    return true;
                 }
                 for (end, units) in e.pending.drain(..) {
                     let to_end = i128::from(end.as_nanos()) - i128::from(now.as_nanos());
@@ -369,7 +373,8 @@ impl<C: Clock + 'static> HybridStore<C> {
                         share,
                     });
                 }
-            }
+                true
+            });
         }
         // The heartbeat goes with every sync that has keys to push or read, and on its own when
         // half its time to live has passed: an idle instance stays counted, at one call per
@@ -410,7 +415,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                     until: now.saturating_add(ttl / 2),
                     claimed_alone,
                 };
-                self.apply(&entries, &states, grants);
+                self.apply(&entries, &states, grants).await;
                 inner.syncs.fetch_add(1, Ordering::Relaxed);
                 inner.away.store(false, Ordering::Relaxed);
                 Ok(())
@@ -434,7 +439,7 @@ impl<C: Clock + 'static> HybridStore<C> {
     }
 
     /// Lays the global states a sync returned under each key's units admitted since.
-    fn apply(&self, entries: &[SyncEntry], states: &[Synced], grants: Grants) {
+    async fn apply(&self, entries: &[SyncEntry], states: &[Synced], grants: Grants) {
         let inner = &self.inner;
         let now = inner.clock.now();
         let mut over = 0u64;
@@ -446,10 +451,14 @@ impl<C: Clock + 'static> HybridStore<C> {
             .filter(|&(i, s)| entries.get(i + 1).is_none_or(|next| next.key != s.key))
             .map(|(i, s)| (s.key.as_str(), i))
             .collect();
-        // The keys are updated a chunk at a time, each under the lock on its own, so that
-        // requests are not held up behind a sync of many keys; every key's update reads its
-        // entry as it is then, so none depends on the others.
-        for chunk in last.chunks(APPLY_CHUNK) {
+        // The keys are updated a chunk at a time, each under the lock on its own, and the task
+        // yields between chunks, so that requests served on the same thread are not held up
+        // behind a sync of many keys; every key's update reads its entry as it is then, so none
+        // depends on the others.
+        for (n, chunk) in last.chunks(APPLY_CHUNK).enumerate() {
+            if n > 0 {
+                tokio::task::yield_now().await;
+            }
             let mut keys = lock(&inner.keys);
             for &(key, i) in chunk {
                 over = over.saturating_add(self.apply_one(
@@ -753,9 +762,10 @@ struct Grants {
     claimed_alone: bool,
 }
 
-/// How many keys a sync's answer updates under one hold of the key map's lock: small enough
-/// that a request waits microseconds behind it, large enough that the lock is taken rarely.
-const APPLY_CHUNK: usize = 256;
+/// How many keys a sync's answer updates under one hold of the key map's lock, and between two
+/// yields of the sync task: small enough that a request waits tens of microseconds behind it,
+/// large enough that the lock is taken rarely.
+const APPLY_CHUNK: usize = 64;
 
 /// A name for this store in the registry of live instances: its process, the wall-clock time
 /// it started and its number within the process, which no two live stores share.
