@@ -138,6 +138,11 @@ impl Entry {
         self.expires = self.expires.max(now.saturating_add(d.reset_after));
     }
 
+    /// Whether the entry can go: nothing left to push, and its counter full again.
+    fn spent(&self, now: Timestamp) -> bool {
+        self.pending.is_empty() && self.expires <= now
+    }
+
     fn pending_units(&self) -> u64 {
         self.pending.iter().map(|(_, u)| u).sum()
     }
@@ -328,7 +333,7 @@ impl<C: Clock + 'static> HybridStore<C> {
             // One pass: entries with nothing to push whose counter is full again go, the others
             // are listed.
             keys.retain(|key, e| {
-                if e.pending.is_empty() && e.expires <= now {
+                if e.spent(now) {
                     return false;
                 }
                 // A key with nothing to push is read if it was asked for since the last sync,
@@ -578,13 +583,8 @@ impl<C: Clock + 'static> HybridStore<C> {
                 return d.pop().ok_or_else(|| unheld(c.policy));
             }
             None => {
-                if c.cost > 0 && keys.len() >= inner.options.max_keys {
-                    keys.retain(|_, e| !e.pending.is_empty() || e.expires > now);
-                    if keys.len() >= inner.options.max_keys {
-                        return Err(StoreError::Full {
-                            max_keys: inner.options.max_keys,
-                        });
-                    }
+                if c.cost > 0 {
+                    self.make_room(&mut keys, 1, now)?;
                 }
                 let Some((state, d)) = decide(c.policy, None, now, c.cost) else {
                     return Err(unheld(c.policy));
@@ -616,6 +616,25 @@ impl<C: Clock + 'static> HybridStore<C> {
             e.commit(c.policy, state, c.cost, d, now, &self.inner.dropped);
         }
         Ok(d)
+    }
+
+    /// Room in `keys` for `new` more keys: when the map is full, the spent entries go first;
+    /// [`StoreError::Full`] if that is not enough.
+    fn make_room(
+        &self,
+        keys: &mut HashMap<String, Entry>,
+        new: usize,
+        now: Timestamp,
+    ) -> StoreResult<()> {
+        let max_keys = self.inner.options.max_keys;
+        if new == 0 || keys.len() + new <= max_keys {
+            return Ok(());
+        }
+        keys.retain(|_, e| !e.spent(now));
+        if keys.len() + new > max_keys {
+            return Err(StoreError::Full { max_keys });
+        }
+        Ok(())
     }
 
     /// `d` as this instance may answer it: a request the limit admits but whose cost does not
@@ -664,14 +683,7 @@ impl<C: Clock + 'static> HybridStore<C> {
             .iter()
             .filter(|c| c.cost > 0 && !keys.contains_key(c.key))
             .count();
-        if new > 0 && keys.len() + new > inner.options.max_keys {
-            keys.retain(|_, e| !e.pending.is_empty() || e.expires > now);
-            if keys.len() + new > inner.options.max_keys {
-                return Err(StoreError::Full {
-                    max_keys: inner.options.max_keys,
-                });
-            }
-        }
+        self.make_room(keys, new, now)?;
         for c in checks.iter().filter(|c| c.cost > 0) {
             if let Some(e) = keys.get_mut(c.key) {
                 e.wanted = e.wanted.saturating_add(c.cost);

@@ -463,3 +463,46 @@ async fn a_single_check_is_decided_at_once_on_the_same_counter() {
     store.sync_now().await.unwrap();
     assert_eq!(store.stats().negative_cached, 1);
 }
+
+/// A store holds at most `max_keys` keys, units not yet pushed included: a new key beyond them is
+/// refused with `Full`, alone or within a request of several checks, and once the units are
+/// pushed and the counters are full again, their entries make room.
+#[tokio::test]
+async fn at_max_keys_a_new_key_is_refused_until_spent_entries_make_room() {
+    let server = RedisServer::start();
+    let clock = FakeClock::at(Timestamp::from_nanos(1_000_000_000_000));
+    let redis = RedisStore::connect(&server.url(), test_options())
+        .await
+        .unwrap();
+    let options = HybridOptions {
+        max_keys: 2,
+        ..HybridOptions::default()
+    };
+    let store = HybridStore::with_clock(redis, options, clock.clone());
+    let p: Policy = Gcra::new(Rate::per_second(10), 10).unwrap().into();
+    for key in ["a", "b"] {
+        assert!(store.check(&[Check::new(key, &p, 1)]).await.unwrap()[0].allowed);
+    }
+    let full = |r: sluice_core::StoreResult<Vec<sluice_core::Decision>>| {
+        matches!(r, Err(sluice_core::StoreError::Full { max_keys: 2 }))
+    };
+    assert!(full(store.check(&[Check::new("c", &p, 1)]).await));
+    assert!(full(
+        store
+            .check(&[Check::new("a", &p, 1), Check::new("c", &p, 1)])
+            .await
+    ));
+    // Pushed, and a second later every counter is full again: both entries are spent.
+    store.sync_now().await.unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert!(store.check(&[Check::new("c", &p, 1)]).await.unwrap()[0].allowed);
+    assert!(
+        store
+            .check(&[Check::new("d", &p, 1), Check::new("c", &p, 1)])
+            .await
+            .unwrap()
+            .iter()
+            .all(|d| d.allowed)
+    );
+    assert!(full(store.check(&[Check::new("e", &p, 1)]).await));
+}

@@ -290,32 +290,30 @@ impl RedisStore {
         }
         let offset = self.time_offset();
         let now = app_now(offset);
-        let keys: Vec<String> = entries.iter().map(|e| self.hybrid_key(&e.key)).collect();
-        // Group by slot on a Cluster; elsewhere one group, cut by the batch size alike.
-        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        // Group by slot on a Cluster; elsewhere one group, cut by the batch size alike. Each
+        // group holds its entries' indices and their keys.
+        let mut groups: Vec<(Vec<usize>, Vec<String>)> = Vec::new();
         // Each slot's group that still has room, so that grouping is linear in the keys.
         let mut open: HashMap<u16, usize> = HashMap::new();
         let cluster = self.is_cluster();
-        for (i, k) in keys.iter().enumerate() {
-            let s = if cluster { slot(k.as_bytes()) } else { 0 };
-            match open.get(&s) {
-                Some(&g) if groups[g].1.len() < batch.max(1) => groups[g].1.push(i),
+        for (i, e) in entries.iter().enumerate() {
+            let key = self.hybrid_key(&e.key);
+            let s = if cluster { slot(key.as_bytes()) } else { 0 };
+            let g = match open.get(&s) {
+                Some(&g) if groups[g].0.len() < batch.max(1) => g,
                 _ => {
                     open.insert(s, groups.len());
-                    groups.push((s, vec![i]));
+                    groups.push(Default::default());
+                    groups.len() - 1
                 }
-            }
+            };
+            groups[g].0.push(i);
+            groups[g].1.push(key);
         }
-        let mut keys: Vec<Option<String>> = keys.into_iter().map(Some).collect();
-        let mut calls = Vec::with_capacity(groups.len());
-        for (_, members) in &groups {
-            let args = call_args(entries, members, claimant, offset, now)?;
-            let group_keys: Vec<String> = members
-                .iter()
-                .map(|&i| keys[i].take().unwrap_or_default())
-                .collect();
-            calls.push((group_keys, args));
-        }
+        let calls = groups
+            .iter()
+            .map(|(members, keys)| Ok((keys, call_args(entries, members, claimant, offset, now)?)))
+            .collect::<StoreResult<Vec<_>>>()?;
         let conn = self.connection();
         // Redis runs the calls one after another: the store's timeout is for each of them.
         let limit = self
@@ -333,7 +331,7 @@ impl RedisStore {
             })
             .await?;
         let mut states: Vec<Option<Synced>> = vec![None; entries.len()];
-        for ((_, members), reply) in groups.iter().zip(replies) {
+        for ((members, _), reply) in groups.iter().zip(replies) {
             let Value::Array(values) = reply else {
                 return Err(StoreError::Rejected(format!(
                     "the sync script answered {reply:?}; expected an array"
