@@ -355,6 +355,30 @@ def redis_calls(port):
     return calls
 
 
+def decision_buckets(port):
+    """The server's `decision_latency_seconds` histogram: cumulative counts by upper bound."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {float(m.group(1)): int(m.group(2)) for m in re.finditer(
+        r'^sluice_decision_latency_seconds_bucket\{le="([^"]+)"\} (\d+)$', text, re.M)}
+
+
+def bucket_quantile(before, after, q):
+    """Quantile `q`, in µs, of the decisions counted between two `decision_buckets` readings,
+    interpolated linearly inside its bucket (the buckets double, 1 µs to 0.5 s)."""
+    bounds = sorted(after)
+    total = after[bounds[-1]] - before.get(bounds[-1], 0)
+    lower, below = 0.0, 0
+    for bound in bounds:
+        count = after[bound] - before.get(bound, 0)
+        if count >= q * total:
+            if bound == float("inf"):
+                return lower * 1e6
+            return (lower + (bound - lower) * (q * total - below) / max(count - below, 1)) * 1e6
+        lower, below = bound, count
+    return lower * 1e6
+
+
 def hybrid(tmp, runs, secs, few_keys):
     last = (os.cpu_count() or 1) - 1
     own, rest = ("0", f"1-{last}" if last > 1 else "1") if last > 0 else (None, None)
@@ -395,8 +419,11 @@ def hybrid(tmp, runs, secs, few_keys):
             for path in paths:
                 for name in order:
                     before, redis_cpu = redis_calls(redis_port), cpu_seconds(redis_proc.pid)
+                    decided = decision_buckets(procs[name][1])
                     report = servers[name][path]()
                     after = redis_calls(redis_port)
+                    now = decision_buckets(procs[name][1])
+                    report["decision_us"] = {q: bucket_quantile(decided, now, q) for q in (0.5, 0.99, 0.999)}
                     report["redis_cpu_us"] = (cpu_seconds(redis_proc.pid) - redis_cpu) * 1e6 / max(report["requests"], 1)
                     report["script_calls"] = sum(n - before.get(c, 0) for c, n in after.items() if c in SCRIPT_CALLS)
                     report["redis_calls"] = sum(after.values()) - sum(before.values())
@@ -435,6 +462,19 @@ def hybrid(tmp, runs, secs, few_keys):
               f"| {med([cpu(r) for r in hyb]):.1f} | {ratio(mem, hyb, cpu):.2f} "
               f"| {med([p99(r) for r in mem]):,.0f} | {med([p99(r) for r in hyb]):,.0f} "
               f"| {ratio(mem, hyb, p99):.2f} |")
+    print("\nA decision's latency in the server (its `decision_latency_seconds` histogram, from the "
+          "limiter's start to its verdict, the store's mutex included; warm-up included; "
+          "interpolated inside doubling buckets), medians of the runs:\n")
+    print("| path | memory p50 µs | hybrid p50 µs | memory p99 µs | hybrid p99 µs | × memory "
+          "| memory p99.9 µs | hybrid p99.9 µs |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for path, by in results.items():
+        mem, hyb = by["memory"], by["hybrid"]
+        d = lambda q: (lambda r: r["decision_us"][q])
+        print(f"| {path} | {med([d(0.5)(r) for r in mem]):.1f} | {med([d(0.5)(r) for r in hyb]):.1f} "
+              f"| {med([d(0.99)(r) for r in mem]):.1f} | {med([d(0.99)(r) for r in hyb]):.1f} "
+              f"| {ratio(mem, hyb, d(0.99)):.2f} "
+              f"| {med([d(0.999)(r) for r in mem]):.1f} | {med([d(0.999)(r) for r in hyb]):.1f} |")
     print("\nRedis on the hybrid store, per run over the run's answers (warm-up included), medians; "
           "script calls are what the store sends, commands every command Redis ran, those the "
           "scripts run included:\n")

@@ -145,21 +145,26 @@ impl Connection {
     /// The call is answered by `deadline`: with a timeout error (see [`timed_out`]) if Redis
     /// has not answered by then. Off a Cluster it joins the batch task's next pipeline, and the
     /// batch task keeps the time, so that a decision arms no timer of its own.
-    pub(crate) async fn eval(
+    pub(crate) async fn eval<A: AsRef<[u8]>>(
         &self,
         script: &'static Script,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         deadline: Instant,
     ) -> RedisResult<Value> {
         // Sized up front, so that adding the arguments never grows the command's buffers.
-        let bytes = script.sha.len() + 20 + keys.iter().chain(args).map(String::len).sum::<usize>();
+        let bytes = script.sha.len()
+            + 20
+            + keys.iter().map(String::len).sum::<usize>()
+            + args.iter().map(|a| a.as_ref().len()).sum::<usize>();
         let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
         cmd.arg("EVALSHA")
             .arg(&script.sha)
             .arg(keys.len())
-            .arg(keys)
-            .arg(args);
+            .arg(keys);
+        for a in args {
+            cmd.arg(a.as_ref());
+        }
         let Some(batches) = &self.batches else {
             return self.link.eval_sha_by(&cmd, script, deadline).await;
         };

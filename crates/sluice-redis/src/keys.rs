@@ -38,19 +38,27 @@ pub(crate) fn escape(s: &str) -> Cow<'_, str> {
 /// The two forms never meet, so no two identities share a key: a kept identity never ends with
 /// `}` (what follows its tag is not empty and holds no brace), and a wrapped one always does.
 pub(crate) fn counter_key(escaped_prefix: &str, identity: &str) -> String {
+    counter_key_with(escaped_prefix, identity, "")
+}
+
+/// [`counter_key`] with `suffix` appended, built in one allocation.
+pub(crate) fn counter_key_with(escaped_prefix: &str, identity: &str, suffix: &str) -> String {
     if has_own_tag(identity) {
-        let mut key = String::with_capacity(escaped_prefix.len() + 1 + identity.len());
+        let mut key =
+            String::with_capacity(escaped_prefix.len() + 1 + identity.len() + suffix.len());
         key.push_str(escaped_prefix);
         key.push(':');
         key.push_str(identity);
+        key.push_str(suffix);
         return key;
     }
     let id = escape(identity);
-    let mut key = String::with_capacity(escaped_prefix.len() + id.len() + 3);
+    let mut key = String::with_capacity(escaped_prefix.len() + id.len() + 3 + suffix.len());
     key.push_str(escaped_prefix);
     key.push_str(":{");
     key.push_str(&id);
     key.push('}');
+    key.push_str(suffix);
     key
 }
 

@@ -15,7 +15,7 @@ use sluice_core::{
 
 use crate::breaker::{Breaker, BreakerState, Permit};
 use crate::connection::{Connection, is_transient};
-use crate::keys::{counter_key, escape, slot};
+use crate::keys::{counter_key, counter_key_with, escape, slot};
 use crate::scripts;
 use crate::scripts::args::{ARGS_PER_CHECK, app_now, push_check};
 use crate::scripts::exact::check_exact;
@@ -160,6 +160,11 @@ impl RedisStore {
     /// `prefix:{identity}` with braces escaped otherwise.
     pub fn key_of(&self, identity: &str) -> String {
         counter_key(&self.inner.prefix, identity)
+    }
+
+    /// [`RedisStore::key_of`] with `suffix` appended, in one allocation.
+    pub(crate) fn key_of_with(&self, identity: &str, suffix: &str) -> String {
+        counter_key_with(&self.inner.prefix, identity, suffix)
     }
 
     /// The Cluster slot of the counter `identity`.

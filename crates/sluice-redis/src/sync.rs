@@ -164,19 +164,23 @@ fn push_policy(
     Ok(())
 }
 
+/// The numbers of one entry, packed, in the script's argument of entries.
+const ENTRY_BYTES: usize = 5 * 8;
+
 /// The script arguments of one call: the claimant's, then each policy the call's entries name,
-/// once, then each entry with its policy's number.
+/// once, then every entry packed into one argument, with its policy's number (see `sync.lua`).
 fn call_args(
     entries: &[SyncEntry],
     members: &[usize],
     claimant: Claimant<'_>,
     offset: i64,
     now: Timestamp,
-) -> StoreResult<Vec<String>> {
+) -> StoreResult<Vec<Vec<u8>>> {
     // Policies come from the rules, not from clients: a fast hasher will do.
     let mut policies: HashMap<(&Policy, u64), usize, FixedState> = HashMap::default();
     let mut policy_args = Vec::new();
-    let mut entry_args = Vec::with_capacity(5 * members.len());
+    let mut packed = Vec::with_capacity(ENTRY_BYTES * members.len());
+    let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     for &i in members {
         let e = &entries[i];
         let next = policies.len() + 1;
@@ -184,20 +188,25 @@ fn call_args(
         if number == next {
             push_policy(&mut policy_args, &e.policy, e.share, now)?;
         }
-        entry_args.push(number.to_string());
-        entry_args.push(e.units.to_string());
-        entry_args.push(e.to_end_nanos.to_string());
-        entry_args.push(e.keep.to_string());
-        entry_args.push(e.want.to_string());
+        let fields = [
+            signed(number as u64),
+            signed(e.units),
+            e.to_end_nanos,
+            signed(e.keep),
+            signed(e.want),
+        ];
+        for n in fields {
+            packed.extend_from_slice(&n.to_le_bytes());
+        }
     }
-    let mut args = Vec::with_capacity(5 + policy_args.len() + entry_args.len());
-    args.push(offset.to_string());
-    args.push(claimant.id.to_owned());
-    args.push(whole_millis(claimant.ttl).to_string());
-    args.push(claimant.instances.max(1).to_string());
-    args.push(policies.len().to_string());
-    args.append(&mut policy_args);
-    args.append(&mut entry_args);
+    let mut args = Vec::with_capacity(7 + policy_args.len());
+    args.push(offset.to_string().into_bytes());
+    args.push(claimant.id.as_bytes().to_vec());
+    args.push(whole_millis(claimant.ttl).to_string().into_bytes());
+    args.push(claimant.instances.max(1).to_string().into_bytes());
+    args.push(policies.len().to_string().into_bytes());
+    args.extend(policy_args.into_iter().map(String::into_bytes));
+    args.push(packed);
     Ok(args)
 }
 
@@ -215,18 +224,14 @@ fn reply_width(policy: &Policy) -> usize {
     }
 }
 
-/// One entry's integers of the sync script's reply (see `sync.lua`), [`reply_width`] of them.
-fn decode(policy: &Policy, reply: &[Value]) -> StoreResult<Synced> {
+/// One entry's integers of the sync script's reply (see `sync.lua`), [`reply_width`] of them
+/// packed, 8 bytes each.
+fn decode(policy: &Policy, reply: &[u8]) -> StoreResult<Synced> {
     let mut n = [0i64; 4];
-    for (slot, v) in n.iter_mut().zip(reply) {
-        *slot = match v {
-            Value::Int(x) => *x,
-            other => {
-                return Err(StoreError::Rejected(format!(
-                    "the sync script answered {other:?} in a key's reply; expected an integer"
-                )));
-            }
-        };
+    for (slot, bytes) in n.iter_mut().zip(reply.chunks_exact(8)) {
+        let mut le = [0u8; 8];
+        le.copy_from_slice(bytes);
+        *slot = i64::from_le_bytes(le);
     }
     let dur = |n: i64| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -266,9 +271,7 @@ impl RedisStore {
     /// The Redis key of a hybrid counter: the counter key with `:h` appended, so that it shares
     /// the counter's slot and never meets a counter of the exact store under the same prefix.
     fn hybrid_key(&self, identity: &str) -> String {
-        let mut key = self.key_of(identity);
-        key.push_str(":h");
-        key
+        self.key_of_with(identity, ":h")
     }
 
     /// Pushes every entry's units, renews `claimant`'s claim on each key, and returns every
@@ -332,23 +335,30 @@ impl RedisStore {
             .await?;
         let mut states: Vec<Option<Synced>> = vec![None; entries.len()];
         for ((members, _), reply) in groups.iter().zip(replies) {
-            let Value::Array(values) = reply else {
-                return Err(StoreError::Rejected(format!(
-                    "the sync script answered {reply:?}; expected an array"
-                )));
+            let packed = match reply {
+                Value::BulkString(bytes) => bytes,
+                Value::Nil => Vec::new(),
+                other => {
+                    return Err(StoreError::Rejected(format!(
+                        "the sync script answered {other:?}; expected a string"
+                    )));
+                }
             };
             let widths: usize = members
                 .iter()
                 .map(|&i| reply_width(&entries[i].policy))
                 .sum();
-            if values.len() != widths {
-                return Err(StoreError::Rejected(
-                    "the sync script answered a different number of keys".to_owned(),
-                ));
+            if packed.len() != 8 * widths {
+                return Err(StoreError::Rejected(format!(
+                    "the sync script answered {} bytes for {} keys; expected {}",
+                    packed.len(),
+                    members.len(),
+                    8 * widths
+                )));
             }
-            let mut rest = values.as_slice();
+            let mut rest = packed.as_slice();
             for &i in members {
-                let (these, after) = rest.split_at(reply_width(&entries[i].policy));
+                let (these, after) = rest.split_at(8 * reply_width(&entries[i].policy));
                 states[i] = Some(decode(&entries[i].policy, these)?);
                 rest = after;
             }

@@ -536,3 +536,58 @@ async fn a_sync_call_carries_many_policies_and_a_key_twice() {
         assert_eq!(synced[4].grant, Some(91), "{prefix}");
     }
 }
+
+/// One sync call larger than the script's chunks: more keys than one `MGET` reads (a thousand)
+/// and more integers than one packing of the reply holds (a thousand), ending on a partial
+/// chunk. Every key's own count comes back in its own place, and a second call reads what the
+/// first wrote.
+#[tokio::test]
+async fn a_sync_call_of_thousands_of_keys_answers_every_key_in_its_place() {
+    use sluice_redis::{Claimant, GlobalState, SyncEntry};
+
+    let server = RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    let store = RedisStore::connect(&server.url(), test_options())
+        .await
+        .unwrap();
+    store.set_time_offset(offset_to_window_start(server.port, hour));
+    let sliding: Policy = SlidingCounter::new(1_000, hour).unwrap().into();
+    let claimant = Claimant {
+        id: "instance-a",
+        ttl: Duration::from_millis(500),
+        instances: 1,
+    };
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let now = i128::try_from(wall).unwrap() + i128::from(store.time_offset());
+    let end = now - now % hour.as_nanos() as i128 + hour.as_nanos() as i128;
+    // 1,501 keys of 4 integers each: 6,004 integers, the last chunk of the reply holds 4.
+    let units = |i: usize| (i % 97 + 1) as u64;
+    let entries: Vec<SyncEntry> = (0..1_501)
+        .map(|i| SyncEntry {
+            key: format!("many:{i}"),
+            policy: sliding.clone(),
+            units: units(i),
+            to_end_nanos: i64::try_from(end - now).unwrap(),
+            keep: 0,
+            want: 0,
+            share: 0,
+        })
+        .collect();
+    for round in 1..=2u64 {
+        let synced = store.sync_batch(&entries, 2_000, claimant).await.unwrap();
+        assert_eq!(synced.len(), entries.len());
+        for (i, s) in synced.iter().enumerate() {
+            let GlobalState::Sliding {
+                current, previous, ..
+            } = s.state
+            else {
+                panic!("key {i}: {s:?}")
+            };
+            assert_eq!((current, previous), (round * units(i), 0), "key {i}");
+            assert_eq!(s.grant, Some(1_000 - round * units(i)), "key {i}");
+        }
+    }
+}

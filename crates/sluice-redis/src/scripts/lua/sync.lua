@@ -19,7 +19,8 @@
 --   limit  the units the key holds when nothing is used: the window's limit, the bucket's
 --          capacity, GCRA's burst;
 --   share  the units an instance may admit on a key it has not synced yet (unreserved).
--- ARGV[E + 5(i-1)] ..= ARGV[E + 4 + 5(i-1)], E = 6 + 6P: entry i:
+-- ARGV[6 + 6P]: the entries, packed: for each key, in order, five signed 64-bit little-endian
+-- integers (40 bytes):
 --   p      its policy's number;
 --   units  units the instance admitted since its last sync, 0 to only read;
 --   to_end for the windowed algorithms, ns from the instance's now to the end of the window the
@@ -51,21 +52,22 @@
 -- an instance that stops takes its claims with it; a claim is tied to its window and goes with
 -- it.
 --
--- Returns integers, entry after entry, each entry's grant last (-1: no live window to claim
--- in):
+-- Returns one string: signed 64-bit little-endian integers, entry after entry, each entry's
+-- grant last (-1: no live window to claim in):
 --   FIXED_WINDOW:    count, ns to the window's end, grant (a count of 0 and 0 ns: no live
 --                    window);
 --   SLIDING_COUNTER: current, previous, ns to the current window's end, grant;
 --   TOKEN_BUCKET, GCRA: backlog ns, grant: how far the key's theoretical arrival time lies after
 --     now, which the instance turns back into its own state on its own clock.
--- Integers rather than text, so that Redis formats no number, and as few as each algorithm
--- needs, since the client parses each one.
+-- As few as each algorithm needs.
 --
 -- Cost. Every key is read with one MGET per call (a thousand keys at a time) and written with
 -- one SET each; each C call or number conversion in Lua costs Redis hundreds of instructions, so
--- a policy's parameters and its window's start are read once per call, and zeros are compared
--- as strings. The stored value's format is unchanged by this layout, so instances of either
--- layout share keys during a rolling upgrade.
+-- a policy's parameters and its window's start are read once per call, and the numbers of the
+-- entries and of the reply travel packed (Lua's struct library, which Redis and Valkey load for
+-- every script): one argument and one C call per key in, one string out, where text would cost
+-- an argument, a string and a conversion per number each way. The stored value's format is
+-- unchanged by this layout, so instances of any layout share keys during a rolling upgrade.
 --#include clock.lua
 --#include helpers.lua
 
@@ -76,6 +78,9 @@ local instances = math.max(ARGV[4] + 0, 1)
 local find, sub = string.find, string.sub
 -- What follows the instance's id in its claim, and the claim's expiry, as stored.
 local mine_at, until_text = ' ' .. me .. ' ', ' ' .. int(ms + ttl)
+-- Numbers become text once per call where they can: Lua formats a number through sprintf. Now,
+-- as a new key's birth, and each time to live, which most keys of a policy share.
+local ms_text, px_text = int(ms), {}
 
 -- The policies: their parameters, and what each needs of the time, once per call.
 local P = ARGV[5] + 0
@@ -146,17 +151,17 @@ for first = 1, nk, 1000 do
   for j = 1, #got do stored_of[first + j - 1] = got[j] end
 end
 
+local entries = ARGV[6 + 6 * P]
+if #entries ~= 40 * nk then
+  return redis.error_reply('sync: ' .. #entries .. ' bytes of entries for ' .. nk .. ' keys')
+end
+local unpack_entry = struct.unpack
 local out = {}
-local e0 = 6 + 6 * P
+local pos = 1
 for i = 1, nk do
-  local base = e0 + 5 * (i - 1)
-  local p = ARGV[base] + 0
+  local p, units, to_end, keep, want
+  p, units, to_end, keep, want, pos = unpack_entry('<i8i8i8i8i8', entries, pos)
   local code, a, limit = code_of[p], a_of[p], limit_of[p]
-  -- Zeros are common, and compared as strings, which costs no conversion.
-  local units, keep = ARGV[base + 1], ARGV[base + 3]
-  if units == '0' then units = 0 else units = units + 0 end
-  if keep == '0' then keep = 0 else keep = keep + 0 end
-  local to_end = ARGV[base + 2] + 0
   local key = KEYS[i]
   local stored = written[key] or stored_of[i]
   -- "<code> <x> [<y> [<z>]] | <claims>": x, y and z are read only under this entry's code; a
@@ -182,7 +187,7 @@ for i = 1, nk do
   end
   -- When the key (or its window) was first synced, and the other instances' live claims; read
   -- only when the stored claims belong to the live window.
-  local born, held, others, n = ms, 0, '', 0
+  local born, held, others, n = ms_text, 0, '', 0
   local j = #out
   local value, px
   if code == FIXED_WINDOW then
@@ -206,7 +211,7 @@ for i = 1, nk do
       end
     end
     if cur_end then
-      local g, claims = claim(count, born, held, others, n, limit, keep, ARGV[base + 4] + 0, share_of[p])
+      local g, claims = claim(count, born, held, others, n, limit, keep, want, share_of[p])
       -- Stored even with nothing counted: the claims, this instance's at least, are kept.
       value = code .. ' ' .. absolute(cur_end) .. ' ' .. int(count) .. ' | ' .. claims
       px = ceil_div(cur_end - now, 1000000) + 1000
@@ -239,7 +244,7 @@ for i = 1, nk do
     -- The previous window counts for the part of it still inside the sliding window, rounded
     -- down as the core's estimate is.
     local g, claims = claim(cur + mul_div(prev, start + W - now, W, false), born, held, others, n,
-      limit, keep, ARGV[base + 4] + 0, share_of[p])
+      limit, keep, want, share_of[p])
     value = code .. ' ' .. absolute(start) .. ' ' .. int(cur) .. ' ' .. int(prev) .. ' | ' .. claims
     px = ceil_div(start + 2 * W - now, 1000000) + 1000
     out[j + 1], out[j + 2], out[j + 3], out[j + 4] = cur, prev, start + W - now, g
@@ -260,14 +265,28 @@ for i = 1, nk do
     if tat < now then tat = now end
     -- One unit takes a / b ns to refill, so the backlog holds backlog * b / a units.
     local g, claims = claim(mul_div(tat - now, b, a, true), born, held, others, n, limit, keep,
-      ARGV[base + 4] + 0, share_of[p])
+      want, share_of[p])
     value = code .. ' ' .. absolute(tat) .. ' | ' .. claims
     px = math.max(ceil_div(tat - now, 1000000), ttl) + 1000
     out[j + 1], out[j + 2] = tat - now, g
   end
   if value then
-    redis.call('SET', key, value, 'PX', px)
+    local t = px_text[px]
+    if not t then
+      t = int(px)
+      px_text[px] = t
+    end
+    redis.call('SET', key, value, 'PX', t)
     written[key] = value
   end
 end
-return out
+
+-- The reply, packed a thousand integers at a time (unpack's limit is the Lua stack).
+local parts, n, whole = {}, #out, '<' .. string.rep('i8', 1000)
+for first = 1, n, 1000 do
+  local last = math.min(first + 999, n)
+  local format = whole
+  if last - first < 999 then format = '<' .. string.rep('i8', last - first + 1) end
+  parts[#parts + 1] = struct.pack(format, unpack(out, first, last))
+end
+return table.concat(parts)
