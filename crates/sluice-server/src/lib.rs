@@ -270,7 +270,10 @@ impl Server {
             )));
         }
 
-        let (health_reporter, health) = tonic_health::server::health_reporter();
+        let health_reporter = tonic_health::server::HealthReporter::new();
+        let health = tonic_health::pb::health_server::HealthServer::new(
+            tonic_health::server::HealthService::from_health_reporter(health_reporter.clone()),
+        );
         health_reporter
             .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<grpc::RlsService>>()
             .await;
@@ -279,20 +282,20 @@ impl Server {
             .into_server();
         let grpc_stop = stopped.clone();
         let limits = options.connections;
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = &options.grpc_tls {
-            builder = builder
-                .tls_config(tls_config(tls))
-                .map_err(|e| StartError::Tls(e.to_string()))?;
-        }
-        // An h2 client that stops answering pings is dropped.
-        builder = builder
-            .http2_keepalive_interval(Some(limits.h2_keep_alive))
-            .http2_keepalive_timeout(Some(limits.h2_keep_alive));
-        let routes = tonic::service::Routes::new(health).add_service(rls);
+        let tls = options
+            .grpc_tls
+            .as_ref()
+            .map(tls_acceptor)
+            .transpose()
+            .map_err(StartError::Tls)?;
+        let serving = grpc_workers::Serving {
+            routes: grpc_workers::GrpcRoutes { rls, health },
+            tls,
+            limits,
+        };
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         tasks.push(tokio::spawn(grpc_workers::serve(
-            grpc, builder, routes, threads, grpc_stop,
+            grpc, serving, threads, grpc_stop,
         )));
         let sampler = sluice_limiter::activity::sample_every(
             &limiter,
@@ -346,15 +349,48 @@ async fn wait_for_rules(events: std::sync::mpsc::Receiver<sluice_rules::ReloadEv
     .await;
 }
 
-/// tonic's TLS settings from PEM contents: the server's identity, and the clients' CA when
-/// the TLS is mutual.
-fn tls_config(tls: &GrpcTls) -> tonic::transport::ServerTlsConfig {
-    let identity = tonic::transport::Identity::from_pem(&tls.cert, &tls.key);
-    let config = tonic::transport::ServerTlsConfig::new().identity(identity);
-    match &tls.client_ca {
-        Some(ca) => config.client_ca_root(tonic::transport::Certificate::from_pem(ca)),
-        None => config,
+/// The gRPC listener's TLS from PEM contents: the server's identity, and the clients' CA when
+/// the TLS is mutual; h2 is the only protocol offered. The reason when a file holds no usable
+/// certificate or key.
+fn tls_acceptor(tls: &GrpcTls) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let certs = CertificateDer::pem_slice_iter(&tls.cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the server certificate: {e}"))?;
+    if certs.is_empty() {
+        return Err("the server certificate file holds no PEM certificate".to_owned());
     }
+    let key =
+        PrivateKeyDer::from_pem_slice(&tls.key).map_err(|e| format!("the server key: {e}"))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = match &tls.client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                let cert = cert.map_err(|e| format!("the client CA: {e}"))?;
+                roots.add(cert).map_err(|e| format!("the client CA: {e}"))?;
+            }
+            if roots.is_empty() {
+                return Err("the client CA file holds no PEM certificate".to_owned());
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .map_err(|e| format!("the client CA: {e}"))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("the server certificate and key: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
 }
 
 fn local(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {

@@ -11,7 +11,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{
-    RateLimitRequest, rate_limit_response::Code, rate_limit_response::rate_limit::Unit,
+    RateLimitRequest, RateLimitResponse, rate_limit_response::Code,
+    rate_limit_response::rate_limit::Unit,
 };
 use serde_json::{Value, json};
 use sluice_core::{FakeClock, MemoryStore, Timestamp};
@@ -423,6 +424,48 @@ async fn grpc_health_reports_serving() {
         .unwrap()
         .into_inner();
     assert_eq!(r.status, 1, "SERVING");
+}
+
+/// A path that names no service the listener has, or a method the rate-limit service does
+/// not have, is answered `UNIMPLEMENTED` with the path, and the connection goes on serving.
+#[tokio::test]
+async fn unknown_grpc_services_and_methods_are_unimplemented() {
+    let h = Harness::start().await;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", h.server.grpc_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    for path in [
+        "/pb.lyft.ratelimit.RateLimitService/ShouldRateLimit",
+        "/envoy.service.ratelimit.v3.RateLimitServiceX/ShouldRateLimit",
+        "/envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod",
+    ] {
+        grpc.ready().await.unwrap();
+        let answer: Result<tonic::Response<RateLimitResponse>, tonic::Status> = grpc
+            .unary(
+                tonic::Request::new(RateLimitRequest::default()),
+                http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await;
+        let status = answer.expect_err(path);
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unimplemented,
+            "{path}: {status:?}"
+        );
+    }
+    let mut client = RateLimitServiceClient::new(channel);
+    let answer = client
+        .should_rate_limit(request(vec![descriptor(&[("client", "a")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    assert_eq!(answer.statuses[0].limit_remaining, 2);
 }
 
 #[tokio::test]
