@@ -396,3 +396,67 @@ fn tls_acceptor(tls: &GrpcTls) -> Result<tokio_rustls::TlsAcceptor, String> {
 fn local(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
     listener.local_addr().unwrap_or(fallback)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(tls: &GrpcTls) -> String {
+        match tls_acceptor(tls) {
+            Ok(_) => "accepted".to_owned(),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn tls_files_that_cannot_serve_are_refused_with_the_file_they_come_from() {
+        let ca = sluice_testing::tls::Authority::new();
+        let (cert, key) = ca.sign("localhost");
+        let good = GrpcTls {
+            cert: cert.clone().into_bytes(),
+            key: key.clone().into_bytes(),
+            client_ca: Some(ca.pem.clone().into_bytes()),
+        };
+        assert_eq!(reason(&good), "accepted");
+        let one_way = GrpcTls {
+            client_ca: None,
+            ..good.clone()
+        };
+        assert_eq!(reason(&one_way), "accepted");
+
+        let no_cert = GrpcTls {
+            cert: b"not a certificate".to_vec(),
+            ..good.clone()
+        };
+        assert!(
+            reason(&no_cert).contains("server certificate"),
+            "{}",
+            reason(&no_cert)
+        );
+        let no_key = GrpcTls {
+            key: b"not a key".to_vec(),
+            ..good.clone()
+        };
+        assert!(
+            reason(&no_key).contains("server key"),
+            "{}",
+            reason(&no_key)
+        );
+        let no_ca = GrpcTls {
+            client_ca: Some(b"not a CA".to_vec()),
+            ..good.clone()
+        };
+        assert!(reason(&no_ca).contains("client CA"), "{}", reason(&no_ca));
+        // A key that is not the certificate's.
+        let (_, other_key) = ca.sign("localhost");
+        let mismatched = GrpcTls {
+            key: other_key.into_bytes(),
+            ..good
+        };
+        assert!(
+            reason(&mismatched).contains("certificate and key"),
+            "{}",
+            reason(&mismatched)
+        );
+    }
+}
