@@ -46,13 +46,12 @@ impl RlsService {
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitService for RlsService {
-    async fn should_rate_limit(
+impl RlsService {
+    /// The answer to one `ShouldRateLimit` call, or the status it fails with.
+    pub(crate) async fn answer(
         &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        let request = request.into_inner();
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
         let sent_cost = request.hits_addend;
         let request = to_limit_request(request).map_err(Status::invalid_argument)?;
         let verdict = self
@@ -76,6 +75,16 @@ impl RateLimitService for RlsService {
         if self.answers.dynamic_metadata {
             response.dynamic_metadata = Some(dynamic_metadata(sent_cost, &request, &verdict));
         }
-        Ok(Response::new(response))
+        Ok(response)
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.answer(request.into_inner()).await.map(Response::new)
     }
 }

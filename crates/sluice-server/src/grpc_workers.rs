@@ -17,7 +17,9 @@
 //! request. The service has two gRPC services, told apart by the first segment of the path, so
 //! it routes itself and hands hyper the generated tonic services as they are: 53,700
 //! instructions per `ShouldRateLimit` under callgrind at 128 connections, against 60,900
-//! through tonic's server. TLS is rustls through `tokio-rustls`, as in tonic. A client's
+//! through tonic's server. `ShouldRateLimit` itself, the call Envoy makes, skips tonic's
+//! generic unary machinery too ([`unary`](crate::unary)). TLS is rustls through
+//! `tokio-rustls`, as in tonic. A client's
 //! `grpc-timeout` is not enforced here: a decision does not wait on anything but the store,
 //! which has its own timeout, and the client stops waiting at its deadline anyway.
 //!
@@ -28,6 +30,7 @@
 use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -44,6 +47,7 @@ use tonic_health::server::HealthService;
 use tower_service::Service;
 
 use crate::grpc::RlsService;
+use crate::unary;
 
 /// What every gRPC connection is served with.
 #[derive(Clone)]
@@ -59,7 +63,9 @@ pub(crate) struct Serving {
 /// The gRPC services, chosen by the first segment of the request's path.
 #[derive(Clone)]
 pub(crate) struct GrpcRoutes {
-    /// `envoy.service.ratelimit.v3.RateLimitService`.
+    /// `ShouldRateLimit`, answered by [`unary`](crate::unary).
+    pub(crate) service: Arc<RlsService>,
+    /// The rest of `envoy.service.ratelimit.v3.RateLimitService`.
     pub(crate) rls: RateLimitServiceServer<RlsService>,
     /// `grpc.health.v1.Health`.
     pub(crate) health: HealthServer<HealthService>,
@@ -74,6 +80,10 @@ impl GrpcRoutes {
     /// `UNIMPLEMENTED`).
     fn route(&self, request: Request<Incoming>) -> GrpcFuture {
         let path = request.uri().path();
+        if path == unary::PATH {
+            let service = Arc::clone(&self.service);
+            return Box::pin(async move { Ok(unary::should_rate_limit(&service, request).await) });
+        }
         if under(
             path,
             <RateLimitServiceServer<RlsService> as NamedService>::NAME,

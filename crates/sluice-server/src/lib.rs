@@ -23,6 +23,7 @@ pub mod envoy;
 pub mod grpc;
 mod grpc_workers;
 pub mod metadata;
+mod unary;
 pub mod xds;
 
 use std::net::SocketAddr;
@@ -277,9 +278,9 @@ impl Server {
         health_reporter
             .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<grpc::RlsService>>()
             .await;
-        let rls = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
-            .with_answers(options.envoy.clone())
-            .into_server();
+        let service = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
+            .with_answers(options.envoy.clone());
+        let rls = service.clone().into_server();
         let grpc_stop = stopped.clone();
         let limits = options.connections;
         let tls = options
@@ -289,7 +290,11 @@ impl Server {
             .transpose()
             .map_err(StartError::Tls)?;
         let serving = grpc_workers::Serving {
-            routes: grpc_workers::GrpcRoutes { rls, health },
+            routes: grpc_workers::GrpcRoutes {
+                service: Arc::new(service),
+                rls,
+                health,
+            },
             tls,
             limits,
         };

@@ -379,6 +379,46 @@ async fn invalid_grpc_requests_get_invalid_argument_with_a_reason() {
     }
 }
 
+/// A message larger than one h2 frame (16 KiB) arrives in several and is read whole; one past
+/// the 64 KiB limit is refused with `OUT_OF_RANGE` and the limit, and the connection goes on.
+#[tokio::test]
+async fn grpc_messages_over_several_frames_are_read_and_oversized_ones_refused() {
+    let h = Harness::start().await;
+    let mut client = h.grpc().await;
+    let value = "v".repeat(20);
+    let entries: Vec<(String, String)> =
+        (0..30).map(|i| (format!("k{i}"), value.clone())).collect();
+    let wide = || {
+        let pairs: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        descriptor(&pairs)
+    };
+    let big = request((0..60).map(|_| wide()).collect());
+    let size = prost::Message::encoded_len(&big);
+    assert!((40_000..65_536).contains(&size), "{size} bytes");
+    let r = client.should_rate_limit(big).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses.len(), 60);
+
+    let too_big = request(
+        (0..64)
+            .map(|_| descriptor(&[("a", &"x".repeat(1_024))]))
+            .collect(),
+    );
+    assert!(prost::Message::encoded_len(&too_big) > 65_536);
+    let status = client.should_rate_limit(too_big).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    assert!(status.message().contains("65536"), "{}", status.message());
+    let r = client
+        .should_rate_limit(request(vec![descriptor(&[("client", "a")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+}
+
 #[tokio::test]
 async fn grpc_answers_carry_ratelimit_headers_when_asked() {
     let h = Harness::start_with(|o| o.grpc_headers = HeaderStyle::Both).await;
