@@ -4,12 +4,14 @@
 //! A gRPC unary call is one length-prefixed protobuf message each way, and a status in the
 //! trailers. tonic's server side wraps that in a decoding stream, a `Request` with its metadata
 //! map and extensions, an encoding body and a status turned into trailers, for any codec and
-//! any compression: under callgrind about 7,000 instructions of a `ShouldRateLimit` at 128
-//! connections, an eighth of the call. Here the message is read from the h2 body (without a
+//! any compression. Here the message is read from the h2 body (without a
 //! copy when it arrives in one frame, as it does from Envoy), decoded with prost, decided by
 //! [`RlsService::answer`], and written back as one data frame and a `grpc-status: 0` trailer.
 //! Failures are tonic's own `Status` responses (trailers only), so a client sees the same codes
 //! and messages either way. Other methods of the service and other services go through tonic.
+//!
+//! Under callgrind at 128 connections, a `ShouldRateLimit` costs 49,200 instructions this way
+//! against 53,700 through tonic's unary path (and 60,900 through tonic's whole server).
 
 use std::convert::Infallible;
 use std::pin::Pin;
