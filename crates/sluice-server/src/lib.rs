@@ -369,7 +369,7 @@ fn tls_acceptor(tls: &GrpcTls) -> Result<tokio_rustls::TlsAcceptor, String> {
     }
     let key =
         PrivateKeyDer::from_pem_slice(&tls.key).map_err(|e| format!("the server key: {e}"))?;
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
@@ -395,7 +395,7 @@ fn tls_acceptor(tls: &GrpcTls) -> Result<tokio_rustls::TlsAcceptor, String> {
         .with_single_cert(certs, key)
         .map_err(|e| format!("the server certificate and key: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 fn local(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {

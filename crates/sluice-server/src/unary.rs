@@ -7,8 +7,10 @@
 //! any compression. Here the message is read from the h2 body (without a
 //! copy when it arrives in one frame, as it does from Envoy), decoded with prost, decided by
 //! [`RlsService::answer`], and written back as one data frame and a `grpc-status: 0` trailer.
-//! Failures are tonic's own `Status` responses (trailers only), so a client sees the same codes
-//! and messages either way. Other methods of the service and other services go through tonic.
+//! Failures are tonic's own `Status` responses (trailers only). Bad input is `INVALID_ARGUMENT`
+//! with the reason (a message that is not a `RateLimitRequest`, or a body that ends before its
+//! message), one over 64 KiB `OUT_OF_RANGE` as tonic answers it, and a compressed one
+//! `UNIMPLEMENTED`. Other methods of the service and other services go through tonic.
 //!
 //! Under callgrind at 128 connections, a `ShouldRateLimit` costs 49,200 instructions this way
 //! against 53,700 through tonic's unary path (and 60,900 through tonic's whole server).
@@ -45,8 +47,9 @@ where
 {
     let answer = async {
         let message = read_message(request.into_body(), MAX_BODY).await?;
-        let request = RateLimitRequest::decode(message)
-            .map_err(|e| Status::internal(format!("the request is not a RateLimitRequest: {e}")))?;
+        let request = RateLimitRequest::decode(message).map_err(|e| {
+            Status::invalid_argument(format!("the message is not a RateLimitRequest: {e}"))
+        })?;
         service.answer(request).await
     };
     match answer.await {
@@ -123,7 +126,7 @@ where
                 return Err(Status::cancelled(format!("the request's body failed: {e}")));
             }
             None => {
-                return Err(Status::internal(
+                return Err(Status::invalid_argument(
                     "the request ended before a whole message arrived",
                 ));
             }

@@ -379,6 +379,44 @@ async fn invalid_grpc_requests_get_invalid_argument_with_a_reason() {
     }
 }
 
+/// A message that does not decode as a `RateLimitRequest` (its domain not UTF-8) is refused
+/// with `INVALID_ARGUMENT` and the reason, as other bad input is.
+#[tokio::test]
+async fn a_message_that_is_not_a_rate_limit_request_is_an_invalid_argument() {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct NotUtf8Domain {
+        #[prost(bytes = "vec", tag = "1")]
+        domain: Vec<u8>,
+    }
+    let h = Harness::start().await;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", h.server.grpc_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let answer: Result<tonic::Response<RateLimitResponse>, tonic::Status> = grpc
+        .unary(
+            tonic::Request::new(NotUtf8Domain {
+                domain: vec![0xff, 0xfe],
+            }),
+            http::uri::PathAndQuery::from_static(
+                "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            ),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await;
+    let status = answer.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("not a RateLimitRequest"),
+        "{}",
+        status.message()
+    );
+}
+
 /// A message larger than one h2 frame (16 KiB) arrives in several and is read whole; one past
 /// the 64 KiB limit is refused with `OUT_OF_RANGE` and the limit, and the connection goes on.
 #[tokio::test]
