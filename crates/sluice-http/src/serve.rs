@@ -84,11 +84,9 @@ pub async fn serve_connections<S, B>(
         .keep_alive_interval(limits.h2_keep_alive)
         .keep_alive_timeout(limits.h2_keep_alive);
     let graceful = GracefulShutdown::new();
-    let open = Arc::new(OpenConnections::default());
-    // Two logs, so that a burst of one event never holds back the other's line or mixes
-    // their counts.
-    let (mut out_of_descriptors, mut refusals) =
-        (RateLimitedLog::default(), RateLimitedLog::default());
+    let mut admission = Admission::new(limits);
+    // Its own log, so that a burst of refusals never holds back this line or mixes the counts.
+    let mut out_of_descriptors = RateLimitedLog::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -114,14 +112,7 @@ pub async fn serve_connections<S, B>(
                 continue;
             }
         };
-        let Some(slot) = open.take(peer.ip(), &limits) else {
-            refusals.log(|n| {
-                tracing::warn!(
-                    %peer,
-                    repeated = n,
-                    "connection refused: at --max-connections or --max-connections-per-ip"
-                );
-            });
+        let Some(slot) = admission.admit(peer) else {
             drop(stream);
             continue;
         };
@@ -158,6 +149,43 @@ fn is_out_of_descriptors(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(24 | 23))
 }
 
+/// Which connections a listener keeps: at most [`ConnectionLimits::max_connections`] open, and
+/// [`ConnectionLimits::max_per_ip`] from one address. A refusal is logged, at most once every
+/// 10 s with how many there were.
+#[derive(Debug)]
+pub struct Admission {
+    open: Arc<OpenConnections>,
+    limits: ConnectionLimits,
+    refusals: RateLimitedLog,
+}
+
+impl Admission {
+    /// Nothing open yet, under `limits`.
+    pub fn new(limits: ConnectionLimits) -> Self {
+        Admission {
+            open: Arc::new(OpenConnections::default()),
+            limits,
+            refusals: RateLimitedLog::default(),
+        }
+    }
+
+    /// A place for a connection just accepted from `peer`, held until the [`Slot`] is dropped;
+    /// `None` when the limits leave none, and the connection should be closed.
+    pub fn admit(&mut self, peer: std::net::SocketAddr) -> Option<Slot> {
+        let slot = self.open.take(peer.ip(), &self.limits);
+        if slot.is_none() {
+            self.refusals.log(|n| {
+                tracing::warn!(
+                    %peer,
+                    repeated = n,
+                    "connection refused: at --max-connections or --max-connections-per-ip"
+                );
+            });
+        }
+        slot
+    }
+}
+
 /// Open connections, in total and by client address.
 #[derive(Debug, Default)]
 struct OpenConnections {
@@ -187,7 +215,7 @@ impl OpenConnections {
 
 /// One open connection's place; given back when dropped.
 #[derive(Debug)]
-struct Slot {
+pub struct Slot {
     open: Arc<OpenConnections>,
     ip: IpAddr,
 }

@@ -38,7 +38,7 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use sluice_http::serve::ConnectionLimits;
+use sluice_http::serve::{Admission, ConnectionLimits, Slot};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tonic::server::NamedService;
@@ -56,7 +56,8 @@ pub(crate) struct Serving {
     pub(crate) routes: GrpcRoutes,
     /// TLS, when the listener has it; the handshake must end within `limits.header_read`.
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
-    /// The h2 pings (`h2_keep_alive`) and the handshake's time (`header_read`).
+    /// The h2 pings (`h2_keep_alive`), the handshake's time (`header_read`), and the open
+    /// connections in total and from one address, as on the HTTP listener.
     pub(crate) limits: ConnectionLimits,
 }
 
@@ -105,9 +106,15 @@ fn under(path: &str, service: &str) -> bool {
         .is_some_and(|method| method.starts_with('/'))
 }
 
+/// A connection accepted and admitted, with its place under the connection limits, which it
+/// gives back when it closes.
+type Admitted = (std::net::TcpStream, Slot);
+
 /// Serves gRPC connections accepted from `listener` with `serving` on `threads`
 /// single-threaded runtimes (at least one), until `stopped` turns true; then lets each finish
-/// the requests in flight and returns once every runtime has stopped.
+/// the requests in flight and returns once every runtime has stopped. A connection past
+/// `--max-connections`, or past `--max-connections-per-ip` from its address, is closed as soon
+/// as it is accepted.
 pub(crate) async fn serve(
     listener: TcpListener,
     serving: Serving,
@@ -117,7 +124,7 @@ pub(crate) async fn serve(
     let mut workers = Vec::new();
     let mut senders = Vec::new();
     for i in 0..threads.max(1) {
-        let (send, receive) = mpsc::unbounded_channel::<std::net::TcpStream>();
+        let (send, receive) = mpsc::unbounded_channel::<Admitted>();
         match start_worker(i, receive, serving.clone(), stopped.clone()) {
             Ok(worker) => {
                 workers.push(worker);
@@ -130,14 +137,15 @@ pub(crate) async fn serve(
         tracing::error!("no gRPC runtime thread started; the gRPC listener serves nothing");
         return;
     }
+    let mut admission = Admission::new(serving.limits);
     let mut next = 0;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stopped.wait_for(|s| *s) => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 tracing::debug!(error = %e, "gRPC accept failed");
                 // Out of descriptors, say: let connections close before accepting again.
@@ -145,12 +153,16 @@ pub(crate) async fn serve(
                 continue;
             }
         };
+        let Some(slot) = admission.admit(peer) else {
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         // Registered again on the worker's runtime; still non-blocking.
         let Ok(stream) = stream.into_std() else {
             continue;
         };
-        if senders[next].send(stream).is_err() {
+        if senders[next].send((stream, slot)).is_err() {
             tracing::error!(worker = next, "a gRPC runtime thread has stopped");
         }
         next = (next + 1) % senders.len();
@@ -168,7 +180,7 @@ pub(crate) async fn serve(
 /// A thread running one single-threaded runtime that serves the connections sent to it.
 fn start_worker(
     index: usize,
-    connections: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    connections: mpsc::UnboundedReceiver<Admitted>,
     serving: Serving,
     stopped: watch::Receiver<bool>,
 ) -> io::Result<JoinHandle<()>> {
@@ -183,7 +195,7 @@ fn start_worker(
 /// Serves each connection sent to this thread until `stopped` turns true, then lets the
 /// requests in flight finish.
 async fn serve_connections(
-    mut connections: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    mut connections: mpsc::UnboundedReceiver<Admitted>,
     serving: Serving,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -200,7 +212,7 @@ async fn serve_connections(
             next = connections.recv() => next,
             _ = stopped.wait_for(|s| *s) => None,
         };
-        let Some(stream) = next else { break };
+        let Some((stream, slot)) = next else { break };
         let stream = match TcpStream::from_std(stream) {
             Ok(stream) => stream,
             Err(e) => {
@@ -214,6 +226,7 @@ async fn serve_connections(
             None => {
                 let connection = graceful.watch(h2.serve_connection(TokioIo::new(stream), service));
                 tokio::spawn(async move {
+                    let _slot = slot;
                     if let Err(e) = connection.await {
                         tracing::debug!(error = %e, "gRPC connection ended with an error");
                     }
@@ -224,6 +237,7 @@ async fn serve_connections(
                     tokio::time::timeout(serving.limits.header_read, acceptor.accept(stream));
                 let (h2, watcher) = (h2.clone(), graceful.watcher());
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let stream = match handshake.await {
                         Ok(Ok(stream)) => stream,
                         Ok(Err(e)) => {

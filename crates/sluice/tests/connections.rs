@@ -228,6 +228,55 @@ fn one_address_cannot_hold_more_than_its_share_of_connections() {
     }
 }
 
+/// Whether an h2 connection to `addr` is served: the server answers the client's preface and
+/// SETTINGS with a SETTINGS frame of its own, where a refused connection is closed unanswered.
+fn h2_served(addr: &str) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return false;
+    };
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // an empty SETTINGS frame
+    if s.write_all(&hello).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).is_ok() && head[3] == 4
+}
+
+/// The gRPC listener keeps one address to its share as the HTTP one does: a fourth connection
+/// is closed before h2 starts, and a place given back is taken again.
+#[test]
+fn the_grpc_listener_holds_one_address_to_its_share_too() {
+    let (_dir, rules) = rules();
+    let (_serve, _http, grpc) = serve(&rules, &["--max-connections-per-ip", "3"]);
+    // spawn_listening's own probe connection has come and gone; wait until its place is back.
+    poll_until(
+        "the gRPC listener served h2",
+        Duration::from_secs(20),
+        || h2_served(&grpc),
+    );
+    // As in the HTTP test above: a place given back late can let the fourth in once; only a
+    // listener that lets four in every time fails.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut idle = loop {
+        let idle: Vec<TcpStream> = (0..3).map(|_| silent_h2c(&grpc)).collect();
+        if !h2_served(&grpc) {
+            break idle;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a fourth gRPC connection from one address was served every time"
+        );
+    };
+    idle.pop();
+    poll_until(
+        "the freed gRPC place came back",
+        Duration::from_secs(20),
+        || h2_served(&grpc),
+    );
+}
+
 /// How many idle connections the crowd tests hold.
 const CROWD: usize = 5_000;
 /// How many of them come from one source address: under `--max-connections-per-ip`'s default
