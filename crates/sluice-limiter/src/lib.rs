@@ -62,7 +62,7 @@ pub use sluice_redis::BreakerState;
 
 pub use headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
 pub use limiter::Limiter;
-pub use metrics::{Metrics, Outcome, Snapshot};
+pub use metrics::{MAX_DECISION_SERIES, Metrics, OVERFLOW_RULE, Outcome, Snapshot};
 pub use open::{StartError, Watched, log_reloads};
 pub use request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};
 pub use store_url::{OpenStore, StoreSettings, StoreUrlError};

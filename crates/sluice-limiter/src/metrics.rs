@@ -116,6 +116,14 @@ const TOP_KEYS_CAPACITY: usize = 1024;
 /// How many of them are exported.
 const TOP_KEYS_EXPORTED: usize = 10;
 
+/// The most distinct decision series (domain, rule label, outcome). `detailed_metric` and
+/// `value_to_metric` put request values in the rule label, so without a bound a client sending
+/// new values could grow `/metrics`, and this process, without end. Past it, a new series is
+/// counted under [`OVERFLOW_RULE`] instead, once per domain and outcome.
+pub const MAX_DECISION_SERIES: usize = 10_000;
+/// The rule label of decisions whose own series would pass [`MAX_DECISION_SERIES`].
+pub const OVERFLOW_RULE: &str = "_overflow";
+
 /// Every metric of the service.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -245,13 +253,16 @@ impl Metrics {
     /// The counter of one limit's decisions with this outcome, to keep and increment: it stays
     /// the one [`Metrics::render`] reports.
     pub fn decision_counter(&self, domain: &str, rule: &str, outcome: Outcome) -> Counter {
-        let labels = DecisionLabels {
+        let mut labels = DecisionLabels {
             domain: domain.to_owned(),
             rule: rule.to_owned(),
             outcome,
         };
-        let counter = self.decisions.get_or_create(&labels).clone();
         let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        if series.index.len() >= MAX_DECISION_SERIES && !series.index.contains_key(&labels) {
+            labels.rule = OVERFLOW_RULE.to_owned();
+        }
+        let counter = self.decisions.get_or_create(&labels).clone();
         if !series.index.contains_key(&labels) {
             let at = series.counters.len();
             series.index.insert(labels.clone(), at);
@@ -502,5 +513,40 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_values_cannot_grow_the_decision_series_without_bound() {
+        let metrics = Metrics::new();
+        for i in 0..MAX_DECISION_SERIES + 500 {
+            metrics.decision("shop", &format!("shop/user={i}"), Outcome::Allowed);
+        }
+        // The first MAX_DECISION_SERIES keep their own series; the rest share one.
+        let totals = metrics.decision_totals();
+        assert_eq!(totals.len(), MAX_DECISION_SERIES + 1);
+        assert_eq!(
+            metrics.decisions_of("shop", OVERFLOW_RULE, Outcome::Allowed),
+            500
+        );
+        // A series counted before the bound goes on counting under its own label.
+        metrics.decision("shop", "shop/user=7", Outcome::Allowed);
+        assert_eq!(
+            metrics.decisions_of("shop", "shop/user=7", Outcome::Allowed),
+            2
+        );
+        let text = metrics.render(&Snapshot::default());
+        assert!(text.contains("rule=\"_overflow\""), "no overflow series");
+        assert!(!text.contains(&format!("rule=\"shop/user={}\"", MAX_DECISION_SERIES + 1)));
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("sluice_decisions_total{"))
+                .count(),
+            MAX_DECISION_SERIES + 1
+        );
     }
 }
