@@ -105,6 +105,27 @@ async fn grpc_counts_every_answer_exactly() {
     .unwrap();
     let report = bench::run_grpc(target, counted(12, 3, 1)).await.unwrap();
     assert_eq!((report.allowed, report.limited), (6, 6));
+    // A call the service refuses is an error named by its gRPC code, not an answer.
+    let long = format!("user={}", "x".repeat(2_000));
+    let target = GrpcTarget::new(
+        &server.grpc_addr().to_string(),
+        "bench".into(),
+        &[long],
+        0,
+        1,
+    )
+    .unwrap();
+    let report = bench::run_grpc(target, counted(5, 5, 1)).await.unwrap();
+    assert_eq!(
+        (report.allowed, report.limited, report.error_count()),
+        (0, 0, 5)
+    );
+    assert_eq!(
+        report.errors.get("gRPC InvalidArgument"),
+        Some(&5),
+        "{:?}",
+        report.errors
+    );
     server.shutdown().await;
 }
 
