@@ -445,20 +445,45 @@ fn calls_from_single_threaded_runtimes_are_batched_where_they_run() {
     assert_eq!(admitted, [30, 20]);
 }
 
+/// A hybrid instance that counts itself alone.
+const ALONE: sluice_redis::Claimant<'static> = sluice_redis::Claimant {
+    id: "instance-a",
+    ttl: Duration::from_millis(500),
+    instances: 1,
+};
+
+/// A store on `server` whose Redis time is 20 ms into an hour.
+async fn store_at_hour_start(server: &RedisServer) -> RedisStore {
+    let store = RedisStore::connect(&server.url(), test_options())
+        .await
+        .unwrap();
+    store.set_time_offset(offset_to_window_start(
+        server.port,
+        Duration::from_secs(3600),
+    ));
+    store
+}
+
+/// The application clock the store dates windows by, in ns: 20 ms into an hour, as Redis's is.
+fn store_now(store: &RedisStore) -> i128 {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    i128::try_from(wall).unwrap() + i128::from(store.time_offset())
+}
+
 /// One sync call carries entries of several policies, each policy's parameters sent once, and
 /// a key twice (a sliding counter's units of the previous window and of the current one): each
 /// entry's state and grant are its own, and a call cut into one-entry calls answers the same.
 #[tokio::test]
 async fn a_sync_call_carries_many_policies_and_a_key_twice() {
     use sluice_core::{Gcra, Rate, TokenBucket};
-    use sluice_redis::{Claimant, GlobalState, SyncEntry, Synced};
+    use sluice_redis::{GlobalState, SyncEntry, Synced};
 
     let server = RedisServer::start();
     let hour = Duration::from_secs(3600);
-    let store = RedisStore::connect(&server.url(), test_options())
-        .await
-        .unwrap();
-    store.set_time_offset(offset_to_window_start(server.port, hour));
+    let store = store_at_hour_start(&server).await;
     let gcra_slow: Policy = Gcra::new(Rate::per_minute(60), 10).unwrap().into();
     let gcra_fast: Policy = Gcra::new(Rate::per_second(10), 5).unwrap().into();
     let bucket: Policy = TokenBucket::new(20, Rate::per_minute(60)).unwrap().into();
@@ -466,18 +491,8 @@ async fn a_sync_call_carries_many_policies_and_a_key_twice() {
         .unwrap()
         .into();
     let sliding: Policy = SlidingCounter::new(100, hour).unwrap().into();
-    let claimant = Claimant {
-        id: "instance-a",
-        ttl: Duration::from_millis(500),
-        instances: 1,
-    };
     for (batch, prefix) in [(512, "one-call"), (1, "one-each")] {
-        // The application clock the store dates windows by: 20 ms into an hour, as Redis's is.
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let now = i128::try_from(wall).unwrap() + i128::from(store.time_offset());
+        let now = store_now(&store);
         let start = now - now % hour.as_nanos() as i128;
         let to = |t: i128| i64::try_from(t - now).unwrap();
         let entry = |key: &str, policy: &Policy, units: u64, to_end_nanos: i64| SyncEntry {
@@ -497,7 +512,7 @@ async fn a_sync_call_carries_many_policies_and_a_key_twice() {
             entry("sliding", &sliding, 6, to(start + hour.as_nanos() as i128)),
             entry("bucket", &bucket, 4, 0),
         ];
-        let synced = store.sync_batch(&entries, batch, claimant).await.unwrap();
+        let synced = store.sync_batch(&entries, batch, ALONE).await.unwrap();
         let backlog = |s: &Synced| match s.state {
             GlobalState::Backlog(b) => b,
             other => panic!("{other:?}"),
@@ -543,25 +558,13 @@ async fn a_sync_call_carries_many_policies_and_a_key_twice() {
 /// first wrote.
 #[tokio::test]
 async fn a_sync_call_of_thousands_of_keys_answers_every_key_in_its_place() {
-    use sluice_redis::{Claimant, GlobalState, SyncEntry};
+    use sluice_redis::{GlobalState, SyncEntry};
 
     let server = RedisServer::start();
     let hour = Duration::from_secs(3600);
-    let store = RedisStore::connect(&server.url(), test_options())
-        .await
-        .unwrap();
-    store.set_time_offset(offset_to_window_start(server.port, hour));
+    let store = store_at_hour_start(&server).await;
     let sliding: Policy = SlidingCounter::new(1_000, hour).unwrap().into();
-    let claimant = Claimant {
-        id: "instance-a",
-        ttl: Duration::from_millis(500),
-        instances: 1,
-    };
-    let wall = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let now = i128::try_from(wall).unwrap() + i128::from(store.time_offset());
+    let now = store_now(&store);
     let end = now - now % hour.as_nanos() as i128 + hour.as_nanos() as i128;
     // 1,501 keys of 4 integers each: 6,004 integers, the last chunk of the reply holds 4.
     let units = |i: usize| (i % 97 + 1) as u64;
@@ -577,7 +580,7 @@ async fn a_sync_call_of_thousands_of_keys_answers_every_key_in_its_place() {
         })
         .collect();
     for round in 1..=2u64 {
-        let synced = store.sync_batch(&entries, 2_000, claimant).await.unwrap();
+        let synced = store.sync_batch(&entries, 2_000, ALONE).await.unwrap();
         assert_eq!(synced.len(), entries.len());
         for (i, s) in synced.iter().enumerate() {
             let GlobalState::Sliding {

@@ -110,7 +110,14 @@ impl Harness {
     }
 
     async fn grpc(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.server.grpc_addr()))
+        RateLimitServiceClient::new(self.channel().await)
+    }
+
+    /// An h2 connection to the gRPC listener, for any client.
+    async fn channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.server.grpc_addr()))
+            .unwrap()
+            .connect()
             .await
             .unwrap()
     }
@@ -379,6 +386,27 @@ async fn invalid_grpc_requests_get_invalid_argument_with_a_reason() {
     }
 }
 
+/// One unary call of `message` at `path`, read back as a `RateLimitResponse`: for calls the
+/// generated client cannot make (another path, another message).
+async fn unary<M>(
+    channel: tonic::transport::Channel,
+    path: &'static str,
+    message: M,
+) -> Result<RateLimitResponse, tonic::Status>
+where
+    M: prost::Message + Send + Sync + 'static,
+{
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    grpc.unary(
+        tonic::Request::new(message),
+        http::uri::PathAndQuery::from_static(path),
+        tonic_prost::ProstCodec::<M, RateLimitResponse>::default(),
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}
+
 /// A message that does not decode as a `RateLimitRequest` (its domain not UTF-8) is refused
 /// with `INVALID_ARGUMENT` and the reason, as other bad input is.
 #[tokio::test]
@@ -389,26 +417,15 @@ async fn a_message_that_is_not_a_rate_limit_request_is_an_invalid_argument() {
         domain: Vec<u8>,
     }
     let h = Harness::start().await;
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", h.server.grpc_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    let answer: Result<tonic::Response<RateLimitResponse>, tonic::Status> = grpc
-        .unary(
-            tonic::Request::new(NotUtf8Domain {
-                domain: vec![0xff, 0xfe],
-            }),
-            http::uri::PathAndQuery::from_static(
-                "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            ),
-            tonic_prost::ProstCodec::default(),
-        )
-        .await;
-    let status = answer.unwrap_err();
+    let status = unary(
+        h.channel().await,
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        NotUtf8Domain {
+            domain: vec![0xff, 0xfe],
+        },
+    )
+    .await
+    .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(
         status.message().contains("not a RateLimitRequest"),
@@ -487,13 +504,7 @@ async fn grpc_answers_carry_ratelimit_headers_when_asked() {
 async fn grpc_health_reports_serving() {
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     let h = Harness::start().await;
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", h.server.grpc_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-    let mut health = HealthClient::new(channel);
+    let mut health = HealthClient::new(h.channel().await);
     let r = health
         .check(HealthCheckRequest {
             service: String::new(),
@@ -509,27 +520,15 @@ async fn grpc_health_reports_serving() {
 #[tokio::test]
 async fn unknown_grpc_services_and_methods_are_unimplemented() {
     let h = Harness::start().await;
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", h.server.grpc_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    let channel = h.channel().await;
     for path in [
         "/pb.lyft.ratelimit.RateLimitService/ShouldRateLimit",
         "/envoy.service.ratelimit.v3.RateLimitServiceX/ShouldRateLimit",
         "/envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod",
     ] {
-        grpc.ready().await.unwrap();
-        let answer: Result<tonic::Response<RateLimitResponse>, tonic::Status> = grpc
-            .unary(
-                tonic::Request::new(RateLimitRequest::default()),
-                http::uri::PathAndQuery::from_static(path),
-                tonic_prost::ProstCodec::default(),
-            )
-            .await;
-        let status = answer.expect_err(path);
+        let status = unary(channel.clone(), path, RateLimitRequest::default())
+            .await
+            .expect_err(path);
         assert_eq!(
             status.code(),
             tonic::Code::Unimplemented,
