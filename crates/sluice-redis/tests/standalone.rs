@@ -173,14 +173,7 @@ async fn keys_carry_the_prefix_the_tag_and_a_ttl() {
 /// that use a counter and the one that reads it.
 #[tokio::test]
 async fn a_key_that_changes_algorithm_starts_afresh() {
-    let server = shared_server();
-    let store = RedisStore::connect(&server.url(), test_options())
-        .await
-        .unwrap();
-    store.set_time_offset(offset_to_window_start(
-        server.port,
-        Duration::from_secs(3600),
-    ));
+    let store = store_at_hour_start(shared_server()).await;
     let policies = fifty_per_hour();
     for a in &policies {
         for b in &policies {
