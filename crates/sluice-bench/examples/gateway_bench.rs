@@ -12,8 +12,9 @@
 //! ```
 //!
 //! `GATEWAY_BENCH_WORKERS=N` sets each process's tokio worker threads (by default one per CPU
-//! it may run on). Run the pieces in separate processes, pinned with `taskset`, so that the generator does not
-//! share the gateway's cores: docs/bench-notes/gateway.md shows how. Measured in one process,
+//! it may run on). Run the pieces in separate processes, pinned with `taskset`, so that the
+//! generator does not share the gateway's cores, as `scripts/bench.py peers` does (its method is
+//! in docs/BENCHMARKS.md). Measured in one process,
 //! the proxied path pays for the generator, the upstream and the gateway on the same cores.
 //!
 //! - Maximum throughput: `CONNS` keep-alive connections, each sending its next request as soon
