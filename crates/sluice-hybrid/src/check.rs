@@ -219,7 +219,8 @@ impl<C: Clock + 'static> HybridStore<C> {
 }
 
 /// The error for a check of a policy this store does not hold. Rules are refused at load by
-/// [`Store::supports`], so this is only met by a caller that skipped that gate.
+/// [`Store::supports`](sluice_core::Store::supports), so this is only met by a caller that
+/// skipped that gate.
 pub(crate) fn unheld(policy: &Policy) -> StoreError {
     StoreError::Rejected(hybrid_supports(policy).err().map_or_else(
         || format!("the hybrid store does not hold {}", policy.algorithm()),

@@ -12,8 +12,9 @@ use crate::sync::{Claimant, SyncEntry, sync_batch};
 use crate::{HybridStore, Inner, lock};
 
 impl<C: Clock + 'static> HybridStore<C> {
-    /// Syncs every [`HybridOptions::sync_interval`] on the current Tokio runtime, until the
-    /// store is dropped (the task holds only a weak reference) or the handle is aborted.
+    /// Syncs every [`HybridOptions::sync_interval`](crate::HybridOptions::sync_interval) on the
+    /// current Tokio runtime, until the store is dropped (the task holds only a weak reference)
+    /// or the handle is aborted.
     pub fn spawn_sync(&self) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Inner<C>> = Arc::downgrade(&self.inner);
         let interval = self.inner.options.sync_interval;

@@ -19,7 +19,8 @@
 //! let opened = open("memory://?max_keys=1000", &StoreSettings::default()).await.unwrap();
 //! assert!(opened.telemetry.breaker().is_none(), "a memory store has no breaker");
 //! let rules = RuleSet::parse("rules.yaml", "domain: api\ndescriptors: []\n").unwrap();
-//! let limiter = Limiter::with_open_store(Reloader::fixed(rules), opened, Arc::new(Metrics::new()));
+//! let metrics = Arc::new(Metrics::new());
+//! let limiter = Limiter::with_open_store(Reloader::fixed(rules), opened, metrics);
 //! assert!(limiter.render_metrics().contains("sluice_tracked_keys"));
 //! assert!(open("postgres://db", &StoreSettings::default()).await.is_err());
 //! # }
