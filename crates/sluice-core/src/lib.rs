@@ -43,6 +43,7 @@
 
 pub mod algorithm;
 mod arith;
+mod breaker_state;
 mod clock;
 mod decision;
 pub mod duration;
@@ -58,6 +59,7 @@ pub use algorithm::{
     LeakyQueue, SlidingCounter, SlidingCounterState, SlidingLog, SlidingLogState, TokenBucket,
     TokenBucketState,
 };
+pub use breaker_state::BreakerState;
 pub use clock::{Clock, FakeClock, SystemClock, Timestamp};
 pub use decision::Decision;
 pub use duration::{parse_duration, parse_duration_or_error};

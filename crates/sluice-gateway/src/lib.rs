@@ -42,8 +42,9 @@ pub use sluice_http::client_ip::ForwardedHeader;
 pub use sluice_http::serve::ConnectionLimits;
 use sluice_http::serve::serve_connections;
 use sluice_http::{DEFAULT_MAX_DELAYED, SharedLimitLayer};
-use sluice_limiter::{Limiter, StartError, StoreSettings, store_url};
+use sluice_limiter::{Limiter, StartError};
 use sluice_rules::{Cidr, Watcher};
+use sluice_stores::StoreSettings;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -146,7 +147,7 @@ impl Gateway {
     /// Opens the store, loads the rules (refusing any the store cannot hold, then and on every
     /// reload, each reload logged), binds the proxy and admin listeners and starts forwarding.
     pub async fn start(options: GatewayOptions) -> Result<Gateway, GatewayError> {
-        let opened = store_url::open(&options.store, &options.store_settings)
+        let opened = sluice_stores::open(&options.store, &options.store_settings)
             .await
             .map_err(StartError::from)?;
         let watched = Limiter::watching(

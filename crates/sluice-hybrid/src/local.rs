@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use crate::sync::GlobalState;
 use sluice_core::{
     Decision, FixedWindowState, Policy, SlidingCounterState, Timestamp, TokenBucketState,
 };
-use sluice_redis::GlobalState;
 
 /// A counter's state in the form the core algorithms decide on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,7 +249,7 @@ mod tests {
     fn supports_and_decide_agree_on_every_algorithm() {
         let now = Timestamp::from_nanos(1_000_000_000_000);
         for policy in sluice_core::testing::five_per_second() {
-            let held = sluice_redis::hybrid_supports(&policy).is_ok();
+            let held = crate::hybrid_supports(&policy).is_ok();
             let decided = decide(&policy, None, now, 1).is_some();
             assert_eq!(held, decided, "{}", policy.algorithm());
         }

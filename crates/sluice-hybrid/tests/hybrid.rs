@@ -415,12 +415,12 @@ async fn unsupported_algorithms_are_refused_with_a_reason() {
             .unwrap()
             .into();
     for p in [log, queue] {
-        let e = sluice_redis::hybrid_supports(&p).unwrap_err();
+        let e = sluice_hybrid::hybrid_supports(&p).unwrap_err();
         assert_eq!(e.store, "hybrid");
         assert!(e.reason.contains("fixed_window"), "{}", e.reason);
     }
     for p in supported() {
-        assert!(sluice_redis::hybrid_supports(&p).is_ok());
+        assert!(sluice_hybrid::hybrid_supports(&p).is_ok());
     }
 }
 

@@ -8,7 +8,10 @@
 //! ([`Verdict::status`]). gRPC, `/json`, `/v1/check`, the gateway and the tower layer only
 //! format it, so nothing about limiting is decided twice.
 //!
-//! This crate depends on no HTTP server, client or framework: only on `http`'s header types.
+//! This crate depends on no HTTP server, client or framework: only on `http`'s header types. It
+//! knows no store by name either: a store reaches it as an [`OpenStore`], the store behind the
+//! `Store` trait and its [`StoreTelemetry`] (breaker, own metric series), which `sluice-stores`
+//! opens from a store URL.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -54,16 +57,17 @@ mod limiter;
 pub mod limits;
 mod metrics;
 mod open;
+mod open_store;
 mod request;
-pub mod store_url;
+mod store_telemetry;
 mod verdict;
-
-pub use sluice_redis::BreakerState;
 
 pub use headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
 pub use limiter::Limiter;
 pub use metrics::{MAX_DECISION_SERIES, Metrics, OVERFLOW_RULE, Outcome, Snapshot};
 pub use open::{StartError, Watched, log_reloads};
+pub use open_store::{OpenStore, StoreOpenError};
 pub use request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};
-pub use store_url::{OpenStore, StoreSettings, StoreUrlError};
+pub use sluice_core::BreakerState;
+pub use store_telemetry::{NoTelemetry, StoreTelemetry};
 pub use verdict::{DescriptorStatus, LimitResult, Verdict};

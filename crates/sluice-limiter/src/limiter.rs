@@ -15,22 +15,19 @@ use sluice_core::{
 };
 use sluice_rules::{Mode, Reloader, Rule, RuleSet};
 
-use sluice_redis::{BreakerState, RedisStore};
-
 use crate::activity::{DecisionHistory, ReloadLog};
 use crate::metrics::{Metrics, Outcome, Snapshot};
+use crate::open_store::OpenStore;
 use crate::request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};
-use crate::store_url::OpenStore;
+use crate::store_telemetry::StoreTelemetry;
 use crate::verdict::{LimitResult, Verdict};
 
 /// The limiter: rules, a store, a local fallback store and metrics.
 pub struct Limiter {
     rules: Arc<Reloader>,
     store: Arc<dyn DynStore>,
-    /// The Redis store behind `store`, if it is one, for its breaker and statistics.
-    redis: Option<RedisStore>,
-    /// The hybrid store, when the store is one, for its sync statistics.
-    hybrid: Option<sluice_hybrid::HybridStore>,
+    /// The store's breaker and its own series, whichever store it is.
+    telemetry: Arc<dyn StoreTelemetry>,
     local: MemoryStore,
     metrics: Arc<Metrics>,
     /// Each rule's decision counters, so that counting a decision neither copies nor hashes
@@ -101,22 +98,16 @@ impl Limiter {
         Self::with_open_store(rules, OpenStore::plain(store), metrics)
     }
 
-    /// A limiter over `rules` and a store opened from its URL ([`crate::store_url::open`]),
-    /// whose health (a Redis store's breaker and refunds) it reports in its metrics and
+    /// A limiter over `rules` and an open store (one opened from its URL by `sluice-stores`),
+    /// whose health (a Redis store's breaker and refunds, say) it reports in its metrics and
     /// readiness.
     pub fn with_open_store(rules: Arc<Reloader>, opened: OpenStore, metrics: Arc<Metrics>) -> Self {
-        if opened.redis.is_some() {
-            metrics.register_redis();
-        }
-        if opened.hybrid.is_some() {
-            metrics.register_hybrid();
-        }
+        metrics.register_store(opened.telemetry.as_ref());
         let reloads = ReloadLog::follow(&rules);
         Limiter {
             rules,
             store: opened.store,
-            redis: opened.redis,
-            hybrid: opened.hybrid,
+            telemetry: opened.telemetry,
             local: MemoryStore::new(),
             metrics,
             counters: RwLock::new(None),
@@ -143,21 +134,20 @@ impl Limiter {
         &self.reloads
     }
 
-    /// The Redis store's circuit breaker, when the store is Redis.
-    pub fn breaker(&self) -> Option<BreakerState> {
-        self.redis.as_ref().map(RedisStore::breaker_state)
+    /// The store's circuit breaker, when it has one (Redis and hybrid stores do).
+    pub fn breaker(&self) -> Option<sluice_core::BreakerState> {
+        self.telemetry.breaker()
     }
 
     /// The metrics in Prometheus text form, every gauge refreshed from the rules, the store and
     /// the reloader.
     pub fn render_metrics(&self) -> String {
         let stats = self.rules.stats();
+        self.telemetry.refresh();
         self.metrics.render(&Snapshot {
             tracked_keys: self.store.tracked_keys(),
             reloads: stats.reloads.load(Ordering::Relaxed),
             reload_failures: stats.failures.load(Ordering::Relaxed),
-            redis: self.redis.as_ref().map(RedisStore::stats),
-            hybrid: self.hybrid.as_ref().map(sluice_hybrid::HybridStore::stats),
         })
     }
 

@@ -1,7 +1,7 @@
 //! Prometheus metrics: decisions by domain, rule and outcome, decision latency, store errors,
-//! tracked keys, rule reloads, the most limited keys, the build, and for a Redis store its
-//! breaker state and refunds, and for a hybrid store its sync lag, pending units, negative cache
-//! and over-admission estimate. Everything goes through one registry.
+//! tracked keys, rule reloads, the most limited keys, the build, and the store's own series
+//! (a Redis store's breaker state and refunds, a hybrid store's sync lag, ...), which the store
+//! registers through its [`StoreTelemetry`]. Everything goes through one registry.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -14,6 +14,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
+
+use crate::store_telemetry::StoreTelemetry;
 
 /// What one limit's decision counts as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,11 +71,6 @@ struct KeyLabels {
     key_hash: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct BreakerLabels {
-    state: &'static str,
-}
-
 /// What a [`Metrics::render`] reads from the rest of the service, so that gauges and mirrored
 /// counters are current when they are exposed.
 #[derive(Debug, Clone, Default)]
@@ -84,30 +81,6 @@ pub struct Snapshot {
     pub reloads: u64,
     /// Reloads refused.
     pub reload_failures: u64,
-    /// The Redis store's statistics, when the store is Redis.
-    pub redis: Option<sluice_redis::RedisStats>,
-    /// The hybrid store's statistics, when the store is hybrid.
-    pub hybrid: Option<sluice_hybrid::HybridStats>,
-}
-
-/// The hybrid store's series, registered when the store is hybrid.
-struct HybridSeries {
-    sync_lag: Gauge<f64, AtomicU64>,
-    pending_units: Gauge,
-    pending_keys: Gauge,
-    negative_cached: Gauge,
-    over_admitted: Counter<u64, AtomicU64>,
-    sync_failures: Counter<u64, AtomicU64>,
-    dropped_units: Counter<u64, AtomicU64>,
-    instances: Gauge,
-}
-
-/// The Redis store's series, registered when the store is Redis.
-struct RedisSeries {
-    breaker: Family<BreakerLabels, Gauge>,
-    short_circuited: Counter<u64, AtomicU64>,
-    refunds: Counter<u64, AtomicU64>,
-    refund_failures: Counter<u64, AtomicU64>,
 }
 
 /// How many limited keys are remembered for the top-limited report; beyond it the least
@@ -135,13 +108,11 @@ pub struct Metrics {
     reload_failures: Counter<u64, AtomicU64>,
     top_limited: Family<KeyLabels, Gauge>,
     limited_counts: Mutex<HashMap<String, u64>>,
-    redis: std::sync::OnceLock<RedisSeries>,
     /// Every decision counter created, in creation order, for the dashboard's history.
     series: Mutex<Series>,
     /// Hashes limited keys for `/metrics` with keys of this process's own, so a hash cannot be
     /// matched against guessed keys elsewhere.
     key_hasher: std::collections::hash_map::RandomState,
-    hybrid: std::sync::OnceLock<HybridSeries>,
 }
 
 /// The decision counters in the order they were created, so that a history sample can be a list
@@ -235,10 +206,8 @@ impl Metrics {
             reload_failures,
             top_limited,
             limited_counts: Mutex::new(HashMap::new()),
-            redis: std::sync::OnceLock::new(),
             series: Mutex::new(Series::default()),
             key_hasher: std::collections::hash_map::RandomState::new(),
-            hybrid: std::sync::OnceLock::new(),
         }
     }
 
@@ -344,98 +313,11 @@ impl Metrics {
         counts.insert(key.to_owned(), 1);
     }
 
-    /// Registers the Redis store's series: its breaker state, calls short-circuited by the
-    /// breaker, and multi-slot refunds. Idempotent.
-    pub fn register_redis(&self) {
-        self.redis.get_or_init(|| {
-            let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-            let registry = &mut *registry;
-            RedisSeries {
-                breaker: registered(
-                    registry,
-                    "store_breaker_state",
-                    "The Redis circuit breaker's state (1 for the current one)",
-                    Family::default(),
-                ),
-                short_circuited: registered(
-                    registry,
-                    "store_short_circuited",
-                    "Store calls failed at once because the breaker was open",
-                    Counter::default(),
-                ),
-                refunds: registered(
-                    registry,
-                    "store_refunds",
-                    "Requests whose checks spanned Cluster slots and were refunded",
-                    Counter::default(),
-                ),
-                refund_failures: registered(
-                    registry,
-                    "store_refund_failures",
-                    "Refunds that failed, leaving a reservation to expire",
-                    Counter::default(),
-                ),
-            }
-        });
-    }
-
-    /// Registers the hybrid store's series: sync lag, units and keys not yet synced, keys in the
-    /// negative cache, and the over-admission the syncs found. Idempotent.
-    pub fn register_hybrid(&self) {
-        self.hybrid.get_or_init(|| {
-            let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-            let registry = &mut *registry;
-            HybridSeries {
-                sync_lag: registered(
-                    registry,
-                    "hybrid_sync_lag_seconds",
-                    "Time since the hybrid store's last successful sync with Redis",
-                    Gauge::default(),
-                ),
-                pending_units: registered(
-                    registry,
-                    "hybrid_pending_units",
-                    "Units admitted locally and not yet synced to Redis",
-                    Gauge::default(),
-                ),
-                pending_keys: registered(
-                    registry,
-                    "hybrid_pending_keys",
-                    "Keys with units not yet synced to Redis",
-                    Gauge::default(),
-                ),
-                negative_cached: registered(
-                    registry,
-                    "hybrid_negative_cached_keys",
-                    "Keys known over their limit, answered locally without Redis until their reset",
-                    Gauge::default(),
-                ),
-                over_admitted: registered(
-                    registry,
-                    "hybrid_over_admitted_units",
-                    "Estimate of units admitted over their limits, as the syncs found the global counts",
-                    Counter::default(),
-                ),
-                sync_failures: registered(
-                    registry,
-                    "hybrid_sync_failures",
-                    "Syncs that failed; their units were kept for the next",
-                    Counter::default(),
-                ),
-                dropped_units: registered(
-                    registry,
-                    "hybrid_dropped_units",
-                    "Units dropped unsynced because their window ended while Redis was away",
-                    Counter::default(),
-                ),
-                instances: registered(
-                    registry,
-                    "hybrid_instances",
-                    "Live hybrid instances on this Redis and prefix, each taking its share",
-                    Gauge::default(),
-                ),
-            }
-        });
+    /// Registers the store's own series (see [`StoreTelemetry::register`]) after the engine's,
+    /// so that `/metrics` lists them last.
+    pub fn register_store(&self, telemetry: &dyn StoreTelemetry) {
+        let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        telemetry.register(&mut registry);
     }
 
     /// The Prometheus text exposition, with gauges and mirrored counters refreshed from
@@ -450,55 +332,6 @@ impl Metrics {
         self.reload_failures
             .inner()
             .store(snapshot.reload_failures, Ordering::Relaxed);
-        if let (Some(stats), Some(series)) = (&snapshot.redis, self.redis.get()) {
-            use sluice_redis::BreakerState;
-            for state in [
-                BreakerState::Closed,
-                BreakerState::Open,
-                BreakerState::HalfOpen,
-            ] {
-                series
-                    .breaker
-                    .get_or_create(&BreakerLabels {
-                        state: state.name(),
-                    })
-                    .set(i64::from(state == stats.breaker));
-            }
-            series
-                .short_circuited
-                .inner()
-                .store(stats.short_circuited, Ordering::Relaxed);
-            series
-                .refunds
-                .inner()
-                .store(stats.refunds, Ordering::Relaxed);
-            series
-                .refund_failures
-                .inner()
-                .store(stats.refund_failures, Ordering::Relaxed);
-        }
-        if let (Some(stats), Some(series)) = (&snapshot.hybrid, self.hybrid.get()) {
-            let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-            series.sync_lag.set(stats.sync_lag.as_secs_f64());
-            series.pending_units.set(gauge(stats.pending_units));
-            series.pending_keys.set(gauge(stats.pending_keys as u64));
-            series
-                .negative_cached
-                .set(gauge(stats.negative_cached as u64));
-            series.instances.set(gauge(stats.instances));
-            series
-                .over_admitted
-                .inner()
-                .store(stats.over_admitted, Ordering::Relaxed);
-            series
-                .sync_failures
-                .inner()
-                .store(stats.sync_failures, Ordering::Relaxed);
-            series
-                .dropped_units
-                .inner()
-                .store(stats.dropped_units, Ordering::Relaxed);
-        }
         self.top_limited.clear();
         for (key, n) in self.top_limited(TOP_KEYS_EXPORTED) {
             use std::hash::BuildHasher as _;

@@ -9,7 +9,7 @@ use sluice_rules::{LoadError, LoadOptions, ReloadEvent, Reloader, Watcher};
 
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::store_url::{OpenStore, StoreUrlError};
+use crate::open_store::{OpenStore, StoreOpenError};
 
 /// Why a limiter could not start.
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +20,7 @@ pub enum StartError {
     Rules(LoadError),
     /// The store could not be opened.
     #[error(transparent)]
-    Store(#[from] StoreUrlError),
+    Store(#[from] StoreOpenError),
     /// The rule files cannot be watched.
     #[error("cannot watch the rule files for changes: {0}")]
     Watch(String),

@@ -10,27 +10,7 @@
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The breaker's state, for metrics and readiness probes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BreakerState {
-    /// Calls go to Redis.
-    Closed,
-    /// Calls fail at once with `StoreError::Unavailable` until the cool-down ends.
-    Open,
-    /// One probe call is in flight; the others fail at once until it answers.
-    HalfOpen,
-}
-
-impl BreakerState {
-    /// A lower-case name for metrics labels: `closed`, `open` or `half_open`.
-    pub fn name(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half_open",
-        }
-    }
-}
+use sluice_core::BreakerState;
 
 const CLOSED: u8 = 0;
 const OPEN: u8 = 1;

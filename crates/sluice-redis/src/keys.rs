@@ -82,7 +82,7 @@ fn has_own_tag(identity: &str) -> bool {
 
 /// The Cluster slot of a key, by Redis's rule: CRC16 of the hash tag if the key has a non-empty
 /// one, of the whole key otherwise.
-pub(crate) fn slot(key: &[u8]) -> u16 {
+pub fn slot(key: &[u8]) -> u16 {
     let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
         let rest = &key[open + 1..];
         rest.iter()

@@ -29,22 +29,26 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod breaker;
+mod calls;
 mod connection;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod heartbeat;
 mod keys;
 mod options;
 mod scripts;
 mod store;
-mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod url;
 
-pub use breaker::BreakerState;
 pub use error::ConnectError;
+pub use keys::slot;
 pub use options::RedisOptions;
+pub use redis::Value;
+pub use scripts::Script;
+pub use scripts::algorithm::code as algorithm_code;
+pub use scripts::args::app_now;
 pub use store::{RedisStats, RedisStore, supports};
-pub use sync::{Claimant, GlobalState, SyncEntry, Synced, hybrid_supports};
 pub use url::{RedisUrl, Topology};

@@ -8,12 +8,13 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use redis::{RedisError, RedisResult, Value};
+use redis::{RedisError, RedisResult};
 use sluice_core::{
-    Check, Decision, Policy, Store, StoreError, StoreResult, Timestamp, UnsupportedPolicy,
+    BreakerState, Check, Decision, Policy, Store, StoreError, StoreResult, Timestamp,
+    UnsupportedPolicy,
 };
 
-use crate::breaker::{Breaker, BreakerState, Permit};
+use crate::breaker::{Breaker, Permit};
 use crate::connection::{Connection, is_transient};
 use crate::keys::{counter_key, counter_key_with, escape, slot};
 use crate::scripts;
@@ -162,8 +163,9 @@ impl RedisStore {
         counter_key(&self.inner.prefix, identity)
     }
 
-    /// [`RedisStore::key_of`] with `suffix` appended, in one allocation.
-    pub(crate) fn key_of_with(&self, identity: &str, suffix: &str) -> String {
+    /// [`RedisStore::key_of`] with `suffix` appended, in one allocation: the key of a counter
+    /// another store keeps beside this one's in the same slot (the hybrid store's `:h`).
+    pub fn key_of_with(&self, identity: &str, suffix: &str) -> String {
         counter_key_with(&self.inner.prefix, identity, suffix)
     }
 
@@ -213,11 +215,11 @@ impl RedisStore {
     }
 
     /// Whether the store is on a Cluster, where calls are split by slot.
-    pub(crate) fn is_cluster(&self) -> bool {
+    pub fn is_cluster(&self) -> bool {
         self.inner.cluster
     }
 
-    /// The connection, for calls made outside this file (the hybrid sync).
+    /// The connection, for calls made outside this file (`calls.rs`, `heartbeat.rs`).
     pub(crate) fn connection(&self) -> &Connection {
         &self.inner.conn
     }
@@ -516,14 +518,7 @@ impl RedisStore {
     }
 
     async fn remove(&self, key: &str) -> StoreResult<bool> {
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(self.key_of(key));
-        match self.guarded(self.inner.conn.send(&cmd)).await? {
-            Value::Int(n) => Ok(n > 0),
-            other => Err(StoreError::Rejected(format!(
-                "redis answered DEL with {other:?}"
-            ))),
-        }
+        self.delete(&self.key_of(key)).await
     }
 }
 

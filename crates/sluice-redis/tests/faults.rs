@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice_core::{Check, Policy, Store, StoreError};
+use sluice_core::{BreakerState, Check, Policy, Store, StoreError};
+use sluice_redis::RedisStore;
 use sluice_redis::testing::{
     RedisServer, eventually, fifty_per_hour, name, offset_to_window_start, test_options,
 };
-use sluice_redis::{BreakerState, RedisStore};
 
 fn breaker_refusal(e: &StoreError) -> bool {
     matches!(e, StoreError::Unavailable(m) if m.contains("circuit breaker is open"))

@@ -32,7 +32,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use sluice_http::serve::ConnectionLimits;
-use sluice_limiter::{HeaderStyle, Limiter, OpenStore, StoreSettings, store_url};
+use sluice_limiter::{HeaderStyle, Limiter, OpenStore};
+use sluice_stores::StoreSettings;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -159,7 +160,7 @@ impl Server {
     /// Opens the store, loads the rules (refusing any the store cannot hold, then and on every
     /// reload), binds both listeners and starts serving.
     pub async fn start(options: ServeOptions) -> Result<Server, StartError> {
-        let store = store_url::open(&options.store, &options.store_settings)
+        let store = sluice_stores::open(&options.store, &options.store_settings)
             .await
             .map_err(sluice_limiter::StartError::from)?;
         Self::start_with_open_store(options, store).await

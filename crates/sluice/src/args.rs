@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use sluice_core::parse_duration_or_error;
-use sluice_limiter::{HeaderStyle, StoreSettings};
+use sluice_limiter::HeaderStyle;
+use sluice_stores::StoreSettings;
 
 /// Where the rules come from, and how reloads are paced.
 #[derive(Debug, Args)]

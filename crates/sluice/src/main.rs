@@ -306,10 +306,7 @@ fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
 }
 
 fn validate(paths: &[PathBuf], store: Option<&str>, load: LoadOptions) -> ExitCode {
-    let check = match store
-        .map(sluice_limiter::store_url::supports_check_for)
-        .transpose()
-    {
+    let check = match store.map(sluice_stores::supports_check_for).transpose() {
         Ok(check) => check,
         Err(e) => {
             eprintln!("sluice: {e}");

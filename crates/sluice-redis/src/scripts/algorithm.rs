@@ -10,7 +10,7 @@ use sluice_core::Algorithm;
 ///
 /// These numbers are in every counter stored in Redis, and instances of two versions share those
 /// counters during a rolling upgrade: a code never changes, and a new algorithm takes a new one.
-pub(crate) const fn code(algorithm: Algorithm) -> u8 {
+pub const fn code(algorithm: Algorithm) -> u8 {
     match algorithm {
         Algorithm::TokenBucket => 1,
         Algorithm::Gcra => 2,

@@ -114,7 +114,7 @@ pub(crate) fn push_check(
 /// The application's idea of now, shifted by the store's offset. Used only to pick a reference
 /// window start, so its accuracy does not matter: any start on the grid will do, while the skew
 /// stays well inside the exact range (104 days, or 417 for a long fixed window).
-pub(crate) fn app_now(offset_nanos: i64) -> Timestamp {
+pub fn app_now(offset_nanos: i64) -> Timestamp {
     let wall = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)

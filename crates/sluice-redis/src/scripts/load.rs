@@ -1,4 +1,6 @@
-//! A script's text, assembled from its `.lua` file, and its SHA1 for `EVALSHA`.
+//! A script's text, assembled from its `.lua` file, and its SHA1 for `EVALSHA`. Public, so that
+//! a store built on this one (the hybrid store's sync) assembles its own scripts with the same
+//! prelude and shared parts, and runs them through [`RedisStore::eval_each`](crate::RedisStore::eval_each).
 
 use super::algorithm;
 
@@ -12,7 +14,7 @@ const PARTS: [(&str, &str); 3] = [
 
 /// A script as Redis runs it, and its SHA1.
 #[derive(Debug)]
-pub(crate) struct Script {
+pub struct Script {
     /// The text `EVAL` sends, when Redis does not know the script by its SHA1.
     pub(crate) body: String,
     /// What `EVALSHA` sends on every call.
@@ -21,8 +23,13 @@ pub(crate) struct Script {
 
 impl Script {
     /// The script in `file` (a `.lua` file's text): the algorithm codes' prelude, then the file
-    /// with its includes expanded.
-    pub(crate) fn assemble(file: &str) -> Script {
+    /// with its includes expanded (`--#include clock.lua`, `mul_div.lua`, `helpers.lua`).
+    ///
+    /// # Panics
+    ///
+    /// When `file` includes a part that does not exist: a mistake in the script's source, met
+    /// the first time the script is assembled.
+    pub fn assemble(file: &str) -> Script {
         let mut body = algorithm::prelude();
         expand(file, &mut body);
         let sha = redis::Script::new(&body).get_hash().to_owned();

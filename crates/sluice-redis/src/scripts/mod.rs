@@ -90,7 +90,7 @@ pub(crate) mod reply;
 
 use std::sync::LazyLock;
 
-pub(crate) use load::Script;
+pub use load::Script;
 
 /// Decides a request's checks that fall in one slot, atomically, and commits them only if all
 /// admit.
@@ -123,12 +123,8 @@ pub(crate) static CHECK: LazyLock<Script> =
 pub(crate) static REFUND: LazyLock<Script> =
     LazyLock::new(|| Script::assemble(include_str!("lua/refund.lua")));
 
-/// The hybrid store's sync: pushes each key's locally admitted units and returns its global
-/// state; see `lua/sync.lua` for `KEYS`, `ARGV` and the reply, and `crate::sync` for the caller.
-pub(crate) static SYNC: LazyLock<Script> =
-    LazyLock::new(|| Script::assemble(include_str!("lua/sync.lua")));
-
-/// The hybrid store's heartbeat: records an instance as alive and returns how many are; see
-/// `lua/heartbeat.lua`.
+/// The registry of live instances under a prefix (the hybrid store splits what a limit has left
+/// among them): records an instance as alive and returns how many are; see `lua/heartbeat.lua`
+/// and `crate::heartbeat`.
 pub(crate) static HEARTBEAT: LazyLock<Script> =
     LazyLock::new(|| Script::assemble(include_str!("lua/heartbeat.lua")));

@@ -1,24 +1,24 @@
 //! The hybrid store's side of Redis: one batched, atomic call per Cluster slot that pushes the
 //! units each instance admitted locally and returns every key's global state.
 //!
-//! The store that decides locally lives in `sluice-hybrid`; this module only knows the wire:
+//! The store that decides locally is the rest of this crate; this module only knows the wire:
 //! [`SyncEntry`] in, [`GlobalState`] out, through the same connection, timeout and circuit
-//! breaker as [`RedisStore::check`](sluice_core::Store::check). The script is
-//! `scripts/lua/sync.lua`.
+//! breaker as [`RedisStore::check`](sluice_core::Store::check)
+//! ([`RedisStore::eval_each`]). The script is `sync.lua`, assembled by `sluice-redis` with the
+//! prelude and parts every script shares.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use foldhash::fast::FixedState;
-use futures_util::future::join_all;
-use redis::Value;
 use sluice_core::{Alignment, Policy, StoreError, StoreResult, Timestamp, UnsupportedPolicy};
+use sluice_redis::algorithm_code as code;
+use sluice_redis::{RedisStore, Script, Value, app_now, slot};
 
-use crate::RedisStore;
-use crate::keys::slot;
-use crate::scripts;
-use crate::scripts::algorithm::code;
-use crate::scripts::args::app_now;
+/// Pushes each key's locally admitted units and returns its global state; see `sync.lua` for
+/// `KEYS`, `ARGV` and the reply, and [`sync_batch`] for the caller.
+static SYNC: LazyLock<Script> = LazyLock::new(|| Script::assemble(include_str!("sync.lua")));
 
 /// One key's part of a sync: what the instance admitted since its last sync, and when.
 #[derive(Debug, Clone)]
@@ -114,7 +114,7 @@ pub fn hybrid_supports(policy: &Policy) -> Result<(), UnsupportedPolicy> {
         Policy::BucketedWindow(_) => Err(refuse(
             "bucketed_window (a count per sub-window, which the sync does not carry)",
         )),
-        _ => crate::supports(policy).map_err(|e| UnsupportedPolicy {
+        _ => sluice_redis::supports(policy).map_err(|e| UnsupportedPolicy {
             store: "hybrid",
             reason: e.reason,
         }),
@@ -267,137 +267,95 @@ fn decode(policy: &Policy, reply: &[u8]) -> StoreResult<Synced> {
     })
 }
 
-impl RedisStore {
-    /// The Redis key of a hybrid counter: the counter key with `:h` appended, so that it shares
-    /// the counter's slot and never meets a counter of the exact store under the same prefix.
-    fn hybrid_key(&self, identity: &str) -> String {
-        self.key_of_with(identity, ":h")
-    }
+/// The Redis key of a hybrid counter: the counter key with `:h` appended, so that it shares the
+/// counter's slot and never meets a counter of the exact store under the same prefix.
+fn hybrid_key(redis: &RedisStore, identity: &str) -> String {
+    redis.key_of_with(identity, ":h")
+}
 
-    /// Pushes every entry's units, renews `claimant`'s claim on each key, and returns every
-    /// entry's global state and grant, in order. Entries are grouped by Cluster slot, each group
-    /// cut into calls of at most `batch` entries, and every call sent at once (pipelined over
-    /// the multiplexed connections). Each call is atomic.
-    ///
-    /// All or nothing as far as the caller can tell: on an error, the caller keeps every entry's
-    /// units and pushes them again later. A call that did reach Redis before another failed has
-    /// applied its units, which are then counted twice: only ever more counted, never less.
-    pub async fn sync_batch(
-        &self,
-        entries: &[SyncEntry],
-        batch: usize,
-        claimant: Claimant<'_>,
-    ) -> StoreResult<Vec<Synced>> {
-        if entries.is_empty() {
-            return Ok(Vec::new());
-        }
-        let offset = self.time_offset();
-        let now = app_now(offset);
-        // Group by slot on a Cluster; elsewhere one group, cut by the batch size alike. Each
-        // group holds its entries' indices and their keys.
-        let mut groups: Vec<(Vec<usize>, Vec<String>)> = Vec::new();
-        // Each slot's group that still has room, so that grouping is linear in the keys.
-        let mut open: HashMap<u16, usize> = HashMap::new();
-        let cluster = self.is_cluster();
-        for (i, e) in entries.iter().enumerate() {
-            let key = self.hybrid_key(&e.key);
-            let s = if cluster { slot(key.as_bytes()) } else { 0 };
-            let g = match open.get(&s) {
-                Some(&g) if groups[g].0.len() < batch.max(1) => g,
-                _ => {
-                    open.insert(s, groups.len());
-                    groups.push(Default::default());
-                    groups.len() - 1
-                }
-            };
-            groups[g].0.push(i);
-            groups[g].1.push(key);
-        }
-        let calls = groups
-            .iter()
-            .map(|(members, keys)| Ok((keys, call_args(entries, members, claimant, offset, now)?)))
-            .collect::<StoreResult<Vec<_>>>()?;
-        let conn = self.connection();
-        // Redis runs the calls one after another: the store's timeout is for each of them.
-        let limit = self
-            .call_timeout()
-            .saturating_mul(u32::try_from(calls.len()).unwrap_or(u32::MAX));
-        let replies = self
-            .guarded_by(limit, |deadline| async move {
-                let replies = join_all(
-                    calls
-                        .iter()
-                        .map(|(k, a)| conn.eval(&scripts::SYNC, k, a, deadline)),
-                )
-                .await;
-                replies.into_iter().collect::<Result<Vec<Value>, _>>()
-            })
-            .await?;
-        let mut states: Vec<Option<Synced>> = vec![None; entries.len()];
-        for ((members, _), reply) in groups.iter().zip(replies) {
-            let packed = match reply {
-                Value::BulkString(bytes) => bytes,
-                Value::Nil => Vec::new(),
-                other => {
-                    return Err(StoreError::Rejected(format!(
-                        "the sync script answered {other:?}; expected a string"
-                    )));
-                }
-            };
-            let widths: usize = members
-                .iter()
-                .map(|&i| reply_width(&entries[i].policy))
-                .sum();
-            if packed.len() != 8 * widths {
+/// Pushes every entry's units, renews `claimant`'s claim on each key, and returns every entry's
+/// global state and grant, in order. Entries are grouped by Cluster slot, each group cut into
+/// calls of at most `batch` entries, and every call sent at once (pipelined over the multiplexed
+/// connections). Each call is atomic.
+///
+/// All or nothing as far as the caller can tell: on an error, the caller keeps every entry's
+/// units and pushes them again later. A call that did reach Redis before another failed has
+/// applied its units, which are then counted twice: only ever more counted, never less.
+pub async fn sync_batch(
+    redis: &RedisStore,
+    entries: &[SyncEntry],
+    batch: usize,
+    claimant: Claimant<'_>,
+) -> StoreResult<Vec<Synced>> {
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let offset = redis.time_offset();
+    let now = app_now(offset);
+    // Group by slot on a Cluster; elsewhere one group, cut by the batch size alike. Each group
+    // holds its entries' indices and their keys.
+    let mut groups: Vec<(Vec<usize>, Vec<String>)> = Vec::new();
+    // Each slot's group that still has room, so that grouping is linear in the keys.
+    let mut open: HashMap<u16, usize> = HashMap::new();
+    let cluster = redis.is_cluster();
+    for (i, e) in entries.iter().enumerate() {
+        let key = hybrid_key(redis, &e.key);
+        let s = if cluster { slot(key.as_bytes()) } else { 0 };
+        let g = match open.get(&s) {
+            Some(&g) if groups[g].0.len() < batch.max(1) => g,
+            _ => {
+                open.insert(s, groups.len());
+                groups.push(Default::default());
+                groups.len() - 1
+            }
+        };
+        groups[g].0.push(i);
+        groups[g].1.push(key);
+    }
+    let args = groups
+        .iter()
+        .map(|(members, _)| call_args(entries, members, claimant, offset, now))
+        .collect::<StoreResult<Vec<_>>>()?;
+    let calls: Vec<(&[String], &[Vec<u8>])> = groups
+        .iter()
+        .zip(&args)
+        .map(|((_, keys), a)| (keys.as_slice(), a.as_slice()))
+        .collect();
+    let replies = redis.eval_each(&SYNC, &calls).await?;
+    let mut states: Vec<Option<Synced>> = vec![None; entries.len()];
+    for ((members, _), reply) in groups.iter().zip(replies) {
+        let packed = match reply {
+            Value::BulkString(bytes) => bytes,
+            Value::Nil => Vec::new(),
+            other => {
                 return Err(StoreError::Rejected(format!(
-                    "the sync script answered {} bytes for {} keys; expected {}",
-                    packed.len(),
-                    members.len(),
-                    8 * widths
+                    "the sync script answered {other:?}; expected a string"
                 )));
             }
-            let mut rest = packed.as_slice();
-            for &i in members {
-                let (these, after) = rest.split_at(8 * reply_width(&entries[i].policy));
-                states[i] = Some(decode(&entries[i].policy, these)?);
-                rest = after;
-            }
+        };
+        let widths: usize = members
+            .iter()
+            .map(|&i| reply_width(&entries[i].policy))
+            .sum();
+        if packed.len() != 8 * widths {
+            return Err(StoreError::Rejected(format!(
+                "the sync script answered {} bytes for {} keys; expected {}",
+                packed.len(),
+                members.len(),
+                8 * widths
+            )));
         }
-        Ok(states.into_iter().flatten().collect())
+        let mut rest = packed.as_slice();
+        for &i in members {
+            let (these, after) = rest.split_at(8 * reply_width(&entries[i].policy));
+            states[i] = Some(decode(&entries[i].policy, these)?);
+            rest = after;
+        }
     }
+    Ok(states.into_iter().flatten().collect())
+}
 
-    /// Records the hybrid instance `id` as alive for `ttl` and returns how many instances under
-    /// this prefix are: each takes that share of what a limit has left between two syncs.
-    pub async fn heartbeat(&self, id: &str, ttl: Duration) -> StoreResult<u64> {
-        let key = vec![self.key_of("hybrid-instances")];
-        let args = vec![
-            self.time_offset().to_string(),
-            id.to_owned(),
-            whole_millis(ttl).to_string(),
-        ];
-        let conn = self.connection();
-        match self
-            .guarded_by(self.call_timeout(), |deadline| {
-                conn.eval(&scripts::HEARTBEAT, &key, &args, deadline)
-            })
-            .await?
-        {
-            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(1).max(1)),
-            other => Err(StoreError::Rejected(format!(
-                "the heartbeat script answered {other:?}"
-            ))),
-        }
-    }
-
-    /// Forgets a hybrid counter in Redis. Returns whether it existed.
-    pub async fn reset_hybrid(&self, identity: &str) -> StoreResult<bool> {
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(self.hybrid_key(identity));
-        match self.guarded(self.connection().send(&cmd)).await? {
-            Value::Int(n) => Ok(n > 0),
-            other => Err(StoreError::Rejected(format!(
-                "redis answered DEL with {other:?}"
-            ))),
-        }
-    }
+/// Forgets a hybrid counter in Redis. Returns whether it existed.
+pub(crate) async fn reset_hybrid(redis: &RedisStore, identity: &str) -> StoreResult<bool> {
+    redis.delete(&hybrid_key(redis, identity)).await
 }

@@ -5,10 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::{DynStore, MemoryStore, parse_duration};
+use sluice_core::{MemoryStore, parse_duration};
 use sluice_hybrid::{HybridOptions, HybridStore};
+use sluice_limiter::{OpenStore, StartError, StoreOpenError};
 use sluice_redis::{ConnectError, RedisOptions, RedisStore};
 use sluice_rules::{LoadError, RuleSet};
+
+use crate::hybrid_telemetry::HybridTelemetry;
+use crate::redis_telemetry::RedisTelemetry;
 
 /// The `--store` value could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +35,13 @@ pub enum StoreUrlError {
     /// Redis could not be set up.
     #[error(transparent)]
     Redis(#[from] ConnectError),
+}
+
+/// A limiter that starts from a store URL fails to start when the store cannot be opened.
+impl From<StoreUrlError> for StartError {
+    fn from(e: StoreUrlError) -> Self {
+        StartError::Store(StoreOpenError::new(e))
+    }
 }
 
 /// How the service talks to Redis, when it does.
@@ -64,46 +75,6 @@ impl StoreSettings {
             Some(pem) => options.tls_root_cert(pem.clone()),
             None => options,
         }
-    }
-}
-
-/// An open store, and what the service can ask of it beyond decisions.
-#[derive(Clone)]
-pub struct OpenStore {
-    /// The store every decision goes to.
-    pub store: Arc<dyn DynStore>,
-    /// The Redis store behind it, for breaker state and statistics.
-    pub redis: Option<RedisStore>,
-    /// The hybrid store, when it is one, for its sync statistics.
-    pub hybrid: Option<HybridStore>,
-}
-
-impl std::fmt::Debug for OpenStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenStore")
-            .field("redis", &self.redis.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl OpenStore {
-    /// A store that is not Redis.
-    pub fn plain(store: Arc<dyn DynStore>) -> Self {
-        OpenStore {
-            store,
-            redis: None,
-            hybrid: None,
-        }
-    }
-
-    /// What every rule set must pass before it is put in force, at startup and on each reload
-    /// (see [`sluice_rules::Reloader::with_check`]): that this store can hold every rule. The
-    /// redis store, for one, cannot hold a window longer than about 104 days.
-    pub fn supports_check(
-        &self,
-    ) -> impl Fn(&RuleSet) -> Result<(), LoadError> + Send + Sync + 'static {
-        let store = Arc::clone(&self.store);
-        move |rules| rules.check_supported(|policy| store.supports(policy))
     }
 }
 
@@ -156,7 +127,7 @@ pub fn supports_check_for(
     Ok(move |rules: &RuleSet| match kind {
         Kind::Memory => Ok(()),
         Kind::Redis => rules.check_supported(sluice_redis::supports),
-        Kind::Hybrid => rules.check_supported(sluice_redis::hybrid_supports),
+        Kind::Hybrid => rules.check_supported(sluice_hybrid::hybrid_supports),
     })
 }
 
@@ -175,8 +146,7 @@ pub async fn open(url: &str, settings: &StoreSettings) -> Result<OpenStore, Stor
             );
             Ok(OpenStore {
                 store: Arc::new(redis.clone()),
-                redis: Some(redis),
-                hybrid: None,
+                telemetry: Arc::new(RedisTelemetry::new(redis)),
             })
         }
         (Kind::Hybrid, _) => {
@@ -189,13 +159,12 @@ pub async fn open(url: &str, settings: &StoreSettings) -> Result<OpenStore, Stor
                 max_keys = hybrid.max_keys,
                 "hybrid store connected"
             );
-            let store = HybridStore::new(redis.clone(), hybrid);
+            let store = HybridStore::new(redis, hybrid);
             // The task holds the store weakly and ends when the last handle is dropped.
             store.spawn_sync();
             Ok(OpenStore {
                 store: Arc::new(store.clone()),
-                redis: Some(redis),
-                hybrid: Some(store),
+                telemetry: Arc::new(HybridTelemetry::new(store)),
             })
         }
     }

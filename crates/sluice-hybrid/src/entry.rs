@@ -1,0 +1,125 @@
+//! The bookkeeping of one key: its local state, the units it owes the global count, its place
+//! in the negative cache, and the allowance this instance may still use before the next sync.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sluice_core::{Decision, Policy, Timestamp};
+
+use crate::local::{Local, window_end};
+
+/// One key's entry: its local state, and what it owes the global count.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) policy: Policy,
+    pub(crate) state: Local,
+    /// Units admitted here and not yet in Redis, by the end of the window they were counted in
+    /// (for the bucket algorithms: one batch, by the time of its latest unit). At most two windows: the current one and, for the
+    /// sliding counter, the one before.
+    pub(crate) pending: Vec<(Timestamp, u64)>,
+    /// The negative cache: until then, the key is known to refuse even one unit, and the sync
+    /// leaves it alone unless it has units to push.
+    pub(crate) quiet_until: Timestamp,
+    /// When the counter is full again: after that, and with nothing pending, the entry can go.
+    pub(crate) expires: Timestamp,
+    /// Units this instance may still admit before the next sync: what its last sync was granted
+    /// and reserved in Redis for it (or, for a key it has not synced yet, its share of the
+    /// limit).
+    pub(crate) allowance: u64,
+    /// Until when the allowance may be used: its claim in Redis expires unless a sync renews it.
+    pub(crate) allowance_until: Timestamp,
+    /// Units asked of this key here since the last sync, admitted or not: what the instance
+    /// keeps of its allowance while a sync is on its way.
+    pub(crate) wanted: u64,
+    /// When a sync must read the key, even if it was asked for nothing, to renew its claim
+    /// before the allowance lapses.
+    pub(crate) renew_at: Timestamp,
+}
+
+impl Entry {
+    pub(crate) fn add_pending(&mut self, end: Timestamp, units: u64, dropped: &AtomicU64) {
+        if is_bucket(&self.policy) {
+            // One batch per key, dated by its latest unit: the sync counts the batch as admitted
+            // then, so that refill since is not taken from it.
+            match self.pending.first_mut() {
+                Some((e, u)) => {
+                    *e = (*e).max(end);
+                    *u = u.saturating_add(units);
+                }
+                None => self.pending.push((end, units)),
+            }
+            return;
+        }
+        match self.pending.iter_mut().find(|(e, _)| *e == end) {
+            Some((_, u)) => *u = u.saturating_add(units),
+            None => {
+                self.pending.push((end, units));
+                self.pending.sort_by_key(|(e, _)| *e);
+                if self.pending.len() > 2 {
+                    let (_, old) = self.pending.remove(0);
+                    dropped.fetch_add(old, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Keeps `state`, which admitted `cost` units with decision `d` at `now`: the units are
+    /// taken from the allowance and owed to the global count.
+    pub(crate) fn commit(
+        &mut self,
+        policy: &Policy,
+        state: Local,
+        cost: u64,
+        d: Decision,
+        now: Timestamp,
+        dropped: &AtomicU64,
+    ) {
+        let end = if is_bucket(policy) {
+            now
+        } else {
+            window_end(policy, &state)
+        };
+        self.state = state;
+        self.allowance = self.allowance.saturating_sub(cost);
+        self.add_pending(end, cost, dropped);
+        self.expires = self.expires.max(now.saturating_add(d.reset_after));
+    }
+
+    /// Whether the entry can go: nothing left to push, and its counter full again.
+    pub(crate) fn spent(&self, now: Timestamp) -> bool {
+        self.pending.is_empty() && self.expires <= now
+    }
+
+    pub(crate) fn pending_units(&self) -> u64 {
+        self.pending.iter().map(|(_, u)| u).sum()
+    }
+
+    /// What may still be admitted here at `now` before the next sync.
+    pub(crate) fn allowance_at(&self, now: Timestamp) -> u64 {
+        if now < self.allowance_until {
+            self.allowance
+        } else {
+            0
+        }
+    }
+
+    /// A new entry, with the share of a key not synced yet.
+    pub(crate) fn new(policy: &Policy, state: Local, expires: Timestamp, share: u64) -> Entry {
+        Entry {
+            policy: policy.clone(),
+            state,
+            pending: Vec::new(),
+            quiet_until: Timestamp::EPOCH,
+            expires,
+            allowance: share,
+            allowance_until: Timestamp::from_nanos(u64::MAX),
+            wanted: 0,
+            renew_at: Timestamp::EPOCH,
+        }
+    }
+}
+
+/// Whether `policy` is a bucket (token bucket or GCRA), whose units are dated by when they were
+/// admitted rather than by a window.
+fn is_bucket(policy: &Policy) -> bool {
+    matches!(policy, Policy::TokenBucket(_) | Policy::Gcra(_))
+}

@@ -1,0 +1,153 @@
+//! The sync loop: every interval, the units each key admitted here go to Redis, with the
+//! instance's heartbeat, and what comes back is laid under the keys (`apply.rs`). On failure the
+//! units stay pending for the next sync and local decisions go on.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use sluice_core::{Clock, StoreResult, Timestamp};
+
+use crate::apply::Grants;
+use crate::sync::{Claimant, SyncEntry, sync_batch};
+use crate::{HybridStore, Inner, lock};
+
+impl<C: Clock + 'static> HybridStore<C> {
+    /// Syncs every [`HybridOptions::sync_interval`](crate::HybridOptions::sync_interval) on the
+    /// current Tokio runtime, until the store is dropped (the task holds only a weak reference)
+    /// or the handle is aborted.
+    pub fn spawn_sync(&self) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<Inner<C>> = Arc::downgrade(&self.inner);
+        let interval = self.inner.options.sync_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let _ = (HybridStore { inner }).sync_now().await;
+            }
+        })
+    }
+
+    /// Pushes every key's unsynchronised units to Redis and brings back every tracked key's
+    /// global state, except keys in the negative cache with nothing to push. On failure the units
+    /// stay pending for the next sync and local decisions go on.
+    pub async fn sync_now(&self) -> StoreResult<()> {
+        let inner = &self.inner;
+        let _one = inner.syncing.lock().await;
+        let now = inner.clock.now();
+        let ttl = self.claim_ttl();
+        let mut entries: Vec<SyncEntry> = Vec::new();
+        {
+            let mut keys = lock(&inner.keys);
+            // One pass: entries with nothing to push whose counter is full again go, the others
+            // are listed.
+            keys.retain(|key, e| {
+                if e.spent(now) {
+                    return false;
+                }
+                // A key with nothing to push is read if it was asked for since the last sync,
+                // and otherwise only every quarter of a claim's time to live, to renew its
+                // claim: a key that sees a request now and then costs Redis a few reads a
+                // second, not one every interval. A key in the negative cache is not read.
+                let idle = e.wanted == 0 && now < e.renew_at;
+                if e.pending.is_empty() && (e.quiet_until > now || idle) {
+                    return true;
+                }
+                e.renew_at = now.saturating_add(ttl / 4);
+                // Of its allowance, the instance keeps twice what this key was asked for since
+                // the last sync, for the requests it admits while this one is on its way (which
+                // may take longer than the last); the rest is given back. It asks for as much
+                // again until the next sync.
+                let want = e.wanted.saturating_mul(2);
+                let keep = e.allowance_at(now).min(want);
+                e.allowance = keep;
+                e.wanted = 0;
+                let share = self.share(e.policy.limit()).min(e.policy.limit());
+                if e.pending.is_empty() {
+                    entries.push(SyncEntry {
+                        key: key.clone(),
+                        policy: e.policy.clone(),
+                        units: 0,
+                        to_end_nanos: 0,
+                        keep,
+                        want,
+                        share,
+                    });
+                    return true;
+                }
+                for (end, units) in e.pending.drain(..) {
+                    let to_end = i128::from(end.as_nanos()) - i128::from(now.as_nanos());
+                    entries.push(SyncEntry {
+                        key: key.clone(),
+                        policy: e.policy.clone(),
+                        units,
+                        to_end_nanos: i64::try_from(to_end).unwrap_or(i64::MIN),
+                        keep,
+                        want,
+                        share,
+                    });
+                }
+                true
+            });
+        }
+        // The heartbeat goes with every sync that has keys to push or read, and on its own when
+        // half its time to live has passed: an idle instance stays counted, at one call per
+        // quarter of a second, and every key idle or negative-cached costs nothing.
+        let beat_due = now
+            .as_nanos()
+            .saturating_sub(inner.last_beat.load(Ordering::Relaxed))
+            >= u64::try_from((ttl / 2).as_nanos()).unwrap_or(u64::MAX);
+        if entries.is_empty() && !beat_due {
+            inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
+            return Ok(());
+        }
+        let claimant = Claimant {
+            id: &inner.id,
+            ttl,
+            instances: inner.instances.load(Ordering::Relaxed),
+        };
+        let claimed_alone = claimant.instances <= 1;
+        let (beat, synced) = tokio::join!(
+            inner.redis.heartbeat(&inner.id, ttl),
+            sync_batch(&inner.redis, &entries, inner.options.batch, claimant)
+        );
+        if let Ok(n) = beat {
+            inner.instances.store(n, Ordering::Relaxed);
+            inner.last_beat.store(now.as_nanos(), Ordering::Relaxed);
+        }
+        if entries.is_empty() {
+            inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
+            return beat.map(|_| ());
+        }
+        match synced {
+            Ok(states) => {
+                // A grant may be used until its claim could expire: half the claim's time to
+                // live after the sync left, which leaves room for clocks and latency.
+                let grants = Grants {
+                    until: now.saturating_add(ttl / 2),
+                    claimed_alone,
+                };
+                self.apply(&entries, &states, grants).await;
+                inner.syncs.fetch_add(1, Ordering::Relaxed);
+                inner.away.store(false, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                inner.sync_failures.fetch_add(1, Ordering::Relaxed);
+                inner.away.store(true, Ordering::Relaxed);
+                let mut keys = lock(&inner.keys);
+                let now = inner.clock.now();
+                for s in entries.into_iter().filter(|s| s.units > 0) {
+                    let Some(entry) = keys.get_mut(&s.key) else {
+                        continue;
+                    };
+                    let at = i128::from(now.as_nanos()) + i128::from(s.to_end_nanos);
+                    let end = Timestamp::from_nanos(u64::try_from(at.max(1)).unwrap_or(u64::MAX));
+                    entry.add_pending(end, s.units, &inner.dropped);
+                }
+                Err(e)
+            }
+        }
+    }
+}
