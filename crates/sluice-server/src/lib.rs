@@ -20,6 +20,7 @@ pub mod api;
 pub mod compat;
 pub mod debug;
 pub mod envoy;
+pub mod envoy_env;
 pub mod grpc;
 mod grpc_workers;
 pub mod metadata;
@@ -31,11 +32,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_http::admin::AdminState;
+use sluice_http::lifecycle::{self, BindError, Bound, Lifecycle};
 pub use sluice_http::serve::ConnectionLimits;
-use sluice_limiter::{HeaderStyle, Limiter, OpenStore, StoreSettings, store_url};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use sluice_limiter::{HeaderStyle, Limiter, OpenStore, StoreSettings};
 
 /// How to run the service.
 #[derive(Debug, Clone)]
@@ -143,25 +143,30 @@ pub enum StartError {
     Tls(String),
 }
 
+impl From<BindError> for StartError {
+    fn from(e: BindError) -> Self {
+        StartError::Bind {
+            addr: e.addr,
+            source: e.source,
+        }
+    }
+}
+
 /// A running service.
 #[derive(Debug)]
 pub struct Server {
     http_addr: SocketAddr,
     grpc_addr: SocketAddr,
     limiter: Arc<Limiter>,
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-    /// Follows the rule files; none when the rules come over xDS.
-    _watcher: Option<sluice_rules::Watcher>,
+    /// Its listeners and tasks, and the rule files' watcher when the rules come from files.
+    lifecycle: Lifecycle,
 }
 
 impl Server {
     /// Opens the store, loads the rules (refusing any the store cannot hold, then and on every
     /// reload), binds both listeners and starts serving.
     pub async fn start(options: ServeOptions) -> Result<Server, StartError> {
-        let store = store_url::open(&options.store, &options.store_settings)
-            .await
-            .map_err(sluice_limiter::StartError::from)?;
+        let store = lifecycle::open_store(&options.store, &options.store_settings).await?;
         Self::start_with_open_store(options, store).await
     }
 
@@ -178,144 +183,27 @@ impl Server {
         options: ServeOptions,
         opened: OpenStore,
     ) -> Result<Server, StartError> {
-        let (stop, stopped) = watch::channel(false);
-        let mut tasks = Vec::new();
-        let (limiter, watcher) = match &options.xds {
-            None => {
-                let watched = Limiter::watching(
-                    options.config.clone(),
-                    options.load,
-                    opened,
-                    options.reload_debounce,
-                )?;
-                (watched.limiter, Some(watched.watcher))
-            }
-            Some(xds) => {
-                let reloader =
-                    sluice_rules::Reloader::pushed(options.load, opened.supports_check());
-                let first = xds.wait_for_rules.then(|| reloader.subscribe());
-                sluice_limiter::log_reloads(&reloader);
-                let limiter = Arc::new(Limiter::with_open_store(
-                    reloader.clone(),
-                    opened,
-                    Arc::new(sluice_limiter::Metrics::new()),
-                ));
-                tasks.push(tokio::spawn(xds::follow(
-                    xds.clone(),
-                    reloader,
-                    stopped.clone(),
-                )));
-                if let Some(events) = first {
-                    tracing::info!("waiting for the first rules from the xDS server");
-                    wait_for_rules(events).await;
-                }
-                (limiter, None)
-            }
-        };
-        let bind = |addr: SocketAddr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Bind { addr, source })
-        };
-        let http = bind(options.http_addr).await?;
-        let grpc = bind(options.grpc_addr).await?;
-        let (http_addr, grpc_addr) = (
-            local(&http, options.http_addr),
-            local(&grpc, options.grpc_addr),
-        );
+        let mut lifecycle = Lifecycle::new(options.connections);
+        let limiter = follow_rules(&options, opened, &mut lifecycle).await?;
+        // Both bound before either serves: a port in use leaves nothing half started.
+        let http = lifecycle::bind(options.http_addr).await?;
+        let grpc = lifecycle::bind(options.grpc_addr).await?;
         limiter.set_quota_mode(options.envoy.quota_mode);
-        let admin_token: Option<Arc<str>> = options.admin_token.map(Arc::from);
-        let state = api::ApiState {
+        let admin = AdminState {
             limiter: limiter.clone(),
-            admin_token: admin_token.clone(),
-            headers: options.http_headers,
-            envoy: options.envoy.clone(),
+            admin_token: options.admin_token.as_deref().map(Arc::from),
         };
-        let app = api::ApiService::new(state);
-        tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
-            http,
-            app,
-            stopped.clone(),
-            options.connections,
-        )));
-        let admin_state = sluice_http::admin::AdminState {
-            limiter: limiter.clone(),
-            admin_token,
-        };
-        if let Some(addr) = options.debug_addr {
-            let listener = bind(addr).await?;
-            tracing::info!(addr = %local(&listener, addr), "debug listener: /rlconfig and the admin endpoints");
-            tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
-                listener,
-                debug::router(admin_state.clone()),
-                stopped.clone(),
-                options.connections,
-            )));
-        }
-        if let Some(addr) = options.metrics_addr {
-            let listener = bind(addr).await?;
-            let path = if options.metrics_path.starts_with('/') {
-                options.metrics_path.clone()
-            } else {
-                format!("/{}", options.metrics_path)
-            };
-            tracing::info!(addr = %local(&listener, addr), %path, "metrics listener");
-            let metrics = axum::Router::new()
-                .route(&path, axum::routing::get(sluice_http::admin::metrics))
-                .with_state(admin_state);
-            tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
-                listener,
-                metrics,
-                stopped.clone(),
-                options.connections,
-            )));
-        }
-
-        let health_reporter = tonic_health::server::HealthReporter::new();
-        let health = tonic_health::pb::health_server::HealthServer::new(
-            tonic_health::server::HealthService::from_health_reporter(health_reporter.clone()),
-        );
-        health_reporter
-            .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<grpc::RlsService>>()
-            .await;
-        let service = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
-            .with_answers(options.envoy.clone());
-        let rls = service.clone().into_server();
-        let grpc_stop = stopped.clone();
-        let limits = options.connections;
-        let tls = options
-            .grpc_tls
-            .as_ref()
-            .map(tls_acceptor)
-            .transpose()
-            .map_err(StartError::Tls)?;
-        let serving = grpc_workers::Serving {
-            routes: grpc_workers::GrpcRoutes {
-                service: Arc::new(service),
-                rls,
-                health,
-            },
-            tls,
-            limits,
-        };
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        tasks.push(tokio::spawn(grpc_workers::serve(
-            grpc, serving, threads, grpc_stop,
-        )));
-        let sampler = sluice_limiter::activity::sample_every(
-            &limiter,
-            std::time::Duration::from_secs(1),
-            stopped.clone(),
-        );
-        tasks.push(sampler);
+        let http_addr = lifecycle.serve(http, http_api(&options, &admin));
+        serve_debug(&options, &admin, &mut lifecycle).await?;
+        serve_metrics(&options, &admin, &mut lifecycle).await?;
+        let grpc_addr = serve_grpc(&options, &limiter, grpc, &mut lifecycle).await?;
+        lifecycle.sample(&limiter);
         tracing::info!(%http_addr, %grpc_addr, store = %options.store, tls = options.grpc_tls.is_some(), "sluice is serving");
         Ok(Server {
             http_addr,
             grpc_addr,
             limiter,
-            stop,
-            tasks,
-            _watcher: watcher,
+            lifecycle,
         })
     }
 
@@ -337,11 +225,129 @@ impl Server {
     /// Stops accepting connections, lets requests in flight finish, and returns when both
     /// servers have stopped.
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for t in self.tasks {
-            let _ = t.await;
-        }
+        self.lifecycle.shutdown().await;
     }
+}
+
+/// A running service is stopped through its lifecycle: how [`lifecycle::run`] stops it.
+impl From<Server> for Lifecycle {
+    fn from(server: Server) -> Self {
+        server.lifecycle
+    }
+}
+
+/// The limiter over the rules: from the files, followed as they change, or from the xDS
+/// server, waiting for its first rules when `wait_for_rules` says so (the listeners are bound
+/// only then, so that no one is answered without rules).
+async fn follow_rules(
+    options: &ServeOptions,
+    opened: OpenStore,
+    lifecycle: &mut Lifecycle,
+) -> Result<Arc<Limiter>, StartError> {
+    let Some(xds) = &options.xds else {
+        return Ok(lifecycle.follow_files(
+            options.config.clone(),
+            options.load,
+            opened,
+            options.reload_debounce,
+        )?);
+    };
+    let (limiter, reloader) = Lifecycle::follow_pushed(options.load, opened);
+    let first = xds.wait_for_rules.then(|| reloader.subscribe());
+    lifecycle.spawn(xds::follow(xds.clone(), reloader, lifecycle.stopped()));
+    if let Some(events) = first {
+        tracing::info!("waiting for the first rules from the xDS server");
+        wait_for_rules(events).await;
+    }
+    Ok(limiter)
+}
+
+/// The HTTP API: `/json`, `/v1/check` and the admin endpoints.
+fn http_api(options: &ServeOptions, admin: &AdminState) -> api::ApiService {
+    api::ApiService::new(api::ApiState {
+        limiter: admin.limiter.clone(),
+        admin_token: admin.admin_token.clone(),
+        headers: options.http_headers,
+        envoy: options.envoy.clone(),
+    })
+}
+
+/// The debug listener envoyproxy/ratelimit's users know, when `debug_addr` asks for one.
+async fn serve_debug(
+    options: &ServeOptions,
+    admin: &AdminState,
+    lifecycle: &mut Lifecycle,
+) -> Result<(), BindError> {
+    if let Some(addr) = options.debug_addr {
+        let addr = lifecycle.listen(addr, debug::router(admin.clone())).await?;
+        tracing::info!(%addr, "debug listener: /rlconfig and the admin endpoints");
+    }
+    Ok(())
+}
+
+/// A listener of the metrics alone at `metrics_path`, when `metrics_addr` asks for one.
+async fn serve_metrics(
+    options: &ServeOptions,
+    admin: &AdminState,
+    lifecycle: &mut Lifecycle,
+) -> Result<(), BindError> {
+    if let Some(addr) = options.metrics_addr {
+        let path = if options.metrics_path.starts_with('/') {
+            options.metrics_path.clone()
+        } else {
+            format!("/{}", options.metrics_path)
+        };
+        let metrics = axum::Router::new()
+            .route(&path, axum::routing::get(sluice_http::admin::metrics))
+            .with_state(admin.clone());
+        let addr = lifecycle.listen(addr, metrics).await?;
+        tracing::info!(%addr, %path, "metrics listener");
+    }
+    Ok(())
+}
+
+/// Serves Envoy's `ShouldRateLimit` and gRPC health on `grpc`, on runtimes of their own (one
+/// per CPU, see [`grpc_workers`]), with TLS when `grpc_tls` asks; returns the address.
+async fn serve_grpc(
+    options: &ServeOptions,
+    limiter: &Arc<Limiter>,
+    grpc: Bound,
+    lifecycle: &mut Lifecycle,
+) -> Result<SocketAddr, StartError> {
+    let health_reporter = tonic_health::server::HealthReporter::new();
+    let health = tonic_health::pb::health_server::HealthServer::new(
+        tonic_health::server::HealthService::from_health_reporter(health_reporter.clone()),
+    );
+    health_reporter
+        .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<grpc::RlsService>>()
+        .await;
+    let service = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
+        .with_answers(options.envoy.clone());
+    let rls = service.clone().into_server();
+    let tls = options
+        .grpc_tls
+        .as_ref()
+        .map(tls_acceptor)
+        .transpose()
+        .map_err(StartError::Tls)?;
+    let serving = grpc_workers::Serving {
+        routes: grpc_workers::GrpcRoutes {
+            service: Arc::new(service),
+            rls,
+            health,
+        },
+        tls,
+        limits: lifecycle.limits(),
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let stopped = lifecycle.stopped();
+    lifecycle.spawn(grpc_workers::serve(
+        grpc.listener,
+        serving,
+        threads,
+        stopped,
+    ));
+    Ok(grpc.addr)
 }
 
 /// Returns once a rule set is in force (a first set that was refused does not count).
@@ -396,10 +402,6 @@ fn tls_acceptor(tls: &GrpcTls) -> Result<tokio_rustls::TlsAcceptor, String> {
         .map_err(|e| format!("the server certificate and key: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
-}
-
-fn local(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
-    listener.local_addr().unwrap_or(fallback)
 }
 
 #[cfg(test)]
