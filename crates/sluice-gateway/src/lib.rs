@@ -37,17 +37,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Uri;
-use sluice_http::admin::{self, AdminState};
+use sluice_http::admin::AdminState;
 pub use sluice_http::client_ip::ForwardedHeader;
+use sluice_http::lifecycle::{BindError, Lifecycle};
 pub use sluice_http::serve::ConnectionLimits;
-use sluice_http::serve::serve_connections;
 use sluice_http::{DEFAULT_MAX_DELAYED, SharedLimitLayer};
 use sluice_limiter::{Limiter, StartError};
-use sluice_rules::{Cidr, Watcher};
+use sluice_rules::Cidr;
 use sluice_stores::StoreSettings;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tower_layer::Layer;
 
 pub use forward::GatewayBody;
@@ -132,15 +129,23 @@ pub enum GatewayError {
     },
 }
 
+impl From<BindError> for GatewayError {
+    fn from(e: BindError) -> Self {
+        GatewayError::Bind {
+            addr: e.addr,
+            source: e.source,
+        }
+    }
+}
+
 /// A running gateway.
 #[derive(Debug)]
 pub struct Gateway {
     addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     limiter: Arc<Limiter>,
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-    _watcher: Option<Watcher>,
+    /// Its listeners and tasks, and the rule files' watcher when it loaded them itself.
+    lifecycle: Lifecycle,
 }
 
 impl Gateway {
@@ -150,14 +155,14 @@ impl Gateway {
         let opened = sluice_stores::open(&options.store, &options.store_settings)
             .await
             .map_err(StartError::from)?;
-        let watched = Limiter::watching(
+        let mut lifecycle = Lifecycle::new(options.connections);
+        let limiter = lifecycle.follow_files(
             options.config.clone(),
             sluice_rules::LoadOptions::default(),
             opened,
             options.reload_debounce,
         )?;
-        if watched
-            .limiter
+        if limiter
             .reloader()
             .rules()
             .gateway()
@@ -165,9 +170,7 @@ impl Gateway {
         {
             tracing::warn!("the rules have no `routes`; every request passes unlimited");
         }
-        let mut gateway = Self::start_with_limiter(options, watched.limiter).await?;
-        gateway._watcher = Some(watched.watcher);
-        Ok(gateway)
+        Self::serve(options, limiter, lifecycle).await
     }
 
     /// Starts forwarding with a limiter built by the caller, ignoring `options.config` and
@@ -177,50 +180,42 @@ impl Gateway {
         options: GatewayOptions,
         limiter: Arc<Limiter>,
     ) -> Result<Gateway, GatewayError> {
+        let lifecycle = Lifecycle::new(options.connections);
+        Self::serve(options, limiter, lifecycle).await
+    }
+
+    /// The proxy listener (the limit layer around forwarding), the dashboard's sampler, and the
+    /// admin listener when `admin_addr` asks for one, bound after the proxy's.
+    async fn serve(
+        options: GatewayOptions,
+        limiter: Arc<Limiter>,
+        mut lifecycle: Lifecycle,
+    ) -> Result<Gateway, GatewayError> {
         let forward = forward::Forward::new(&options)?;
         let layer = SharedLimitLayer::new(limiter.clone())
             .max_delayed(options.max_delayed)
             .trust_proxies(options.trusted_proxies.iter().copied())
             .client_ip_header(options.client_ip_header);
-        let service = layer.layer(forward);
-        let listener = bind(options.listen).await?;
-        let addr = listener.local_addr().unwrap_or(options.listen);
-        let (stop, stopped) = watch::channel(false);
-        let mut tasks = vec![tokio::spawn(serve_connections(
-            listener,
-            service,
-            stopped.clone(),
-            options.connections,
-        ))];
-        // The dashboard's history, served on the admin listener.
-        tasks.push(sluice_limiter::activity::sample_every(
-            &limiter,
-            std::time::Duration::from_secs(1),
-            stopped.clone(),
-        ));
-        let mut admin_addr = None;
-        if let Some(at) = options.admin_addr {
-            let listener = bind(at).await?;
-            admin_addr = Some(listener.local_addr().unwrap_or(at));
-            let state = AdminState {
-                limiter: limiter.clone(),
-                admin_token: options.admin_token.as_deref().map(Arc::from),
-            };
-            tasks.push(tokio::spawn(serve_admin(
-                listener,
-                state,
-                stopped,
-                options.connections,
-            )));
-        }
+        let addr = lifecycle
+            .listen(options.listen, layer.layer(forward))
+            .await?;
+        lifecycle.sample(&limiter);
+        let admin_addr = match options.admin_addr {
+            Some(at) => {
+                let state = AdminState {
+                    limiter: limiter.clone(),
+                    admin_token: options.admin_token.as_deref().map(Arc::from),
+                };
+                Some(lifecycle.serve_admin(at, state).await?)
+            }
+            None => None,
+        };
         tracing::info!(%addr, admin = ?admin_addr, upstream = %options.upstream, "sluice proxy is forwarding");
         Ok(Gateway {
             addr,
             admin_addr,
             limiter,
-            stop,
-            tasks,
-            _watcher: None,
+            lifecycle,
         })
     }
 
@@ -242,31 +237,13 @@ impl Gateway {
     /// Stops accepting, lets requests in flight finish, and returns when every connection has
     /// closed.
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
+        self.lifecycle.shutdown().await;
     }
 }
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener, GatewayError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| GatewayError::Bind { addr, source })
-}
-
-/// Serves the admin router until `stopped`.
-async fn serve_admin(
-    listener: TcpListener,
-    state: AdminState,
-    stopped: watch::Receiver<bool>,
-    limits: ConnectionLimits,
-) {
-    let app = admin::router(state).fallback(|| async {
-        sluice_http::problem::Problem::new(
-            http::StatusCode::NOT_FOUND,
-            "no such endpoint on the admin listener",
-        )
-    });
-    serve_connections(listener, app, stopped, limits).await;
+/// A running gateway is stopped through its lifecycle: how [`lifecycle::run`] stops it.
+impl From<Gateway> for Lifecycle {
+    fn from(gateway: Gateway) -> Self {
+        gateway.lifecycle
+    }
 }

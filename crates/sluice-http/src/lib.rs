@@ -5,7 +5,8 @@
 //! Every decision is the engine's ([`sluice_limiter::Limiter`]); this crate only turns an HTTP
 //! request into a [`sluice_limiter::LimitRequest`] and a [`sluice_limiter::Verdict`] into an
 //! answer. `sluice proxy` (the `sluice-gateway` crate) is this layer around a forwarding
-//! service.
+//! service. Both `sluice serve` and `sluice proxy` live the one [`lifecycle`] from start to
+//! stop, serving connections through [`serve`].
 //!
 //! ```
 //! use std::sync::Arc;
@@ -30,6 +31,7 @@ pub mod client_ip;
 mod dashboard;
 mod enforce;
 pub mod extract;
+pub mod lifecycle;
 pub mod middleware;
 #[cfg(feature = "axum")]
 pub mod problem;

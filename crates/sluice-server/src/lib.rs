@@ -12,6 +12,10 @@
 //! server.shutdown().await;
 //! # Ok(()) }
 //! ```
+//!
+//! Its listeners live and stop through `sluice_http::lifecycle`, as the gateway's do. Run as
+//! envoyproxy/ratelimit, the service takes that one's environment variables instead of
+//! options: [`envoy_env`] turns them into [`ServeOptions`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -20,7 +24,9 @@ pub mod api;
 pub mod compat;
 pub mod debug;
 pub mod envoy;
+pub mod envoy_env;
 pub mod grpc;
+mod grpc_tls;
 mod grpc_workers;
 pub mod metadata;
 mod unary;
@@ -31,12 +37,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use grpc_tls::GrpcTls;
+use sluice_http::admin::AdminState;
+use sluice_http::lifecycle::{self, BindError, Bound, Lifecycle};
 pub use sluice_http::serve::ConnectionLimits;
 use sluice_limiter::{HeaderStyle, Limiter, OpenStore};
 use sluice_stores::StoreSettings;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// How to run the service.
 #[derive(Debug, Clone)]
@@ -77,27 +83,6 @@ pub struct ServeOptions {
     pub grpc_tls: Option<GrpcTls>,
     /// Rules from an xDS server instead of `config`'s files.
     pub xds: Option<xds::XdsOptions>,
-}
-
-/// TLS for the gRPC listener, from PEM files' contents.
-#[derive(Clone)]
-pub struct GrpcTls {
-    /// The server's certificate chain.
-    pub cert: Vec<u8>,
-    /// The server's private key.
-    pub key: Vec<u8>,
-    /// The CA that clients' certificates must chain to; with it, a client without a valid
-    /// certificate is refused in the handshake (mutual TLS).
-    pub client_ca: Option<Vec<u8>>,
-}
-
-impl std::fmt::Debug for GrpcTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the key.
-        f.debug_struct("GrpcTls")
-            .field("mutual", &self.client_ca.is_some())
-            .finish_non_exhaustive()
-    }
 }
 
 impl ServeOptions {
@@ -144,16 +129,23 @@ pub enum StartError {
     Tls(String),
 }
 
+impl From<BindError> for StartError {
+    fn from(e: BindError) -> Self {
+        StartError::Bind {
+            addr: e.addr,
+            source: e.source,
+        }
+    }
+}
+
 /// A running service.
 #[derive(Debug)]
 pub struct Server {
     http_addr: SocketAddr,
     grpc_addr: SocketAddr,
     limiter: Arc<Limiter>,
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-    /// Follows the rule files; none when the rules come over xDS.
-    _watcher: Option<sluice_rules::Watcher>,
+    /// Its listeners and tasks, and the rule files' watcher when the rules come from files.
+    lifecycle: Lifecycle,
 }
 
 impl Server {
@@ -179,144 +171,27 @@ impl Server {
         options: ServeOptions,
         opened: OpenStore,
     ) -> Result<Server, StartError> {
-        let (stop, stopped) = watch::channel(false);
-        let mut tasks = Vec::new();
-        let (limiter, watcher) = match &options.xds {
-            None => {
-                let watched = Limiter::watching(
-                    options.config.clone(),
-                    options.load,
-                    opened,
-                    options.reload_debounce,
-                )?;
-                (watched.limiter, Some(watched.watcher))
-            }
-            Some(xds) => {
-                let reloader =
-                    sluice_rules::Reloader::pushed(options.load, opened.supports_check());
-                let first = xds.wait_for_rules.then(|| reloader.subscribe());
-                sluice_limiter::log_reloads(&reloader);
-                let limiter = Arc::new(Limiter::with_open_store(
-                    reloader.clone(),
-                    opened,
-                    Arc::new(sluice_limiter::Metrics::new()),
-                ));
-                tasks.push(tokio::spawn(xds::follow(
-                    xds.clone(),
-                    reloader,
-                    stopped.clone(),
-                )));
-                if let Some(events) = first {
-                    tracing::info!("waiting for the first rules from the xDS server");
-                    wait_for_rules(events).await;
-                }
-                (limiter, None)
-            }
-        };
-        let bind = |addr: SocketAddr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Bind { addr, source })
-        };
-        let http = bind(options.http_addr).await?;
-        let grpc = bind(options.grpc_addr).await?;
-        let (http_addr, grpc_addr) = (
-            local(&http, options.http_addr),
-            local(&grpc, options.grpc_addr),
-        );
+        let mut lifecycle = Lifecycle::new(options.connections);
+        let limiter = follow_rules(&options, opened, &mut lifecycle).await?;
+        // The two ports every service has, bound before anything answers on either.
+        let http = lifecycle::bind(options.http_addr).await?;
+        let grpc = lifecycle::bind(options.grpc_addr).await?;
         limiter.set_quota_mode(options.envoy.quota_mode);
-        let admin_token: Option<Arc<str>> = options.admin_token.map(Arc::from);
-        let state = api::ApiState {
+        let admin = AdminState {
             limiter: limiter.clone(),
-            admin_token: admin_token.clone(),
-            headers: options.http_headers,
-            envoy: options.envoy.clone(),
+            admin_token: options.admin_token.as_deref().map(Arc::from),
         };
-        let app = api::ApiService::new(state);
-        tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
-            http,
-            app,
-            stopped.clone(),
-            options.connections,
-        )));
-        let admin_state = sluice_http::admin::AdminState {
-            limiter: limiter.clone(),
-            admin_token,
-        };
-        if let Some(addr) = options.debug_addr {
-            let listener = bind(addr).await?;
-            tracing::info!(addr = %local(&listener, addr), "debug listener: /rlconfig and the admin endpoints");
-            tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
-                listener,
-                debug::router(admin_state.clone()),
-                stopped.clone(),
-                options.connections,
-            )));
-        }
-        if let Some(addr) = options.metrics_addr {
-            let listener = bind(addr).await?;
-            let path = if options.metrics_path.starts_with('/') {
-                options.metrics_path.clone()
-            } else {
-                format!("/{}", options.metrics_path)
-            };
-            tracing::info!(addr = %local(&listener, addr), %path, "metrics listener");
-            let metrics = axum::Router::new()
-                .route(&path, axum::routing::get(sluice_http::admin::metrics))
-                .with_state(admin_state);
-            tasks.push(tokio::spawn(sluice_http::serve::serve_connections(
-                listener,
-                metrics,
-                stopped.clone(),
-                options.connections,
-            )));
-        }
-
-        let health_reporter = tonic_health::server::HealthReporter::new();
-        let health = tonic_health::pb::health_server::HealthServer::new(
-            tonic_health::server::HealthService::from_health_reporter(health_reporter.clone()),
-        );
-        health_reporter
-            .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<grpc::RlsService>>()
-            .await;
-        let service = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
-            .with_answers(options.envoy.clone());
-        let rls = service.clone().into_server();
-        let grpc_stop = stopped.clone();
-        let limits = options.connections;
-        let tls = options
-            .grpc_tls
-            .as_ref()
-            .map(tls_acceptor)
-            .transpose()
-            .map_err(StartError::Tls)?;
-        let serving = grpc_workers::Serving {
-            routes: grpc_workers::GrpcRoutes {
-                service: Arc::new(service),
-                rls,
-                health,
-            },
-            tls,
-            limits,
-        };
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        tasks.push(tokio::spawn(grpc_workers::serve(
-            grpc, serving, threads, grpc_stop,
-        )));
-        let sampler = sluice_limiter::activity::sample_every(
-            &limiter,
-            std::time::Duration::from_secs(1),
-            stopped.clone(),
-        );
-        tasks.push(sampler);
+        let http_addr = lifecycle.serve(http, http_api(&options, &admin));
+        serve_debug(&options, &admin, &mut lifecycle).await?;
+        serve_metrics(&options, &admin, &mut lifecycle).await?;
+        let grpc_addr = serve_grpc(&options, &limiter, grpc, &mut lifecycle).await?;
+        lifecycle.sample(&limiter);
         tracing::info!(%http_addr, %grpc_addr, store = %options.store, tls = options.grpc_tls.is_some(), "sluice is serving");
         Ok(Server {
             http_addr,
             grpc_addr,
             limiter,
-            stop,
-            tasks,
-            _watcher: watcher,
+            lifecycle,
         })
     }
 
@@ -338,11 +213,129 @@ impl Server {
     /// Stops accepting connections, lets requests in flight finish, and returns when both
     /// servers have stopped.
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for t in self.tasks {
-            let _ = t.await;
-        }
+        self.lifecycle.shutdown().await;
     }
+}
+
+/// A running service is stopped through its lifecycle: how [`lifecycle::run`] stops it.
+impl From<Server> for Lifecycle {
+    fn from(server: Server) -> Self {
+        server.lifecycle
+    }
+}
+
+/// The limiter over the rules: from the files, followed as they change, or from the xDS
+/// server, waiting for its first rules when `wait_for_rules` says so (the listeners are bound
+/// only then, so that no one is answered without rules).
+async fn follow_rules(
+    options: &ServeOptions,
+    opened: OpenStore,
+    lifecycle: &mut Lifecycle,
+) -> Result<Arc<Limiter>, StartError> {
+    let Some(xds) = &options.xds else {
+        return Ok(lifecycle.follow_files(
+            options.config.clone(),
+            options.load,
+            opened,
+            options.reload_debounce,
+        )?);
+    };
+    let (limiter, reloader) = Lifecycle::follow_pushed(options.load, opened);
+    let first = xds.wait_for_rules.then(|| reloader.subscribe());
+    lifecycle.spawn(xds::follow(xds.clone(), reloader, lifecycle.stopped()));
+    if let Some(events) = first {
+        tracing::info!("waiting for the first rules from the xDS server");
+        wait_for_rules(events).await;
+    }
+    Ok(limiter)
+}
+
+/// The HTTP API: `/json`, `/v1/check` and the admin endpoints.
+fn http_api(options: &ServeOptions, admin: &AdminState) -> api::ApiService {
+    api::ApiService::new(api::ApiState {
+        limiter: admin.limiter.clone(),
+        admin_token: admin.admin_token.clone(),
+        headers: options.http_headers,
+        envoy: options.envoy.clone(),
+    })
+}
+
+/// The debug listener envoyproxy/ratelimit's users know, when `debug_addr` asks for one.
+async fn serve_debug(
+    options: &ServeOptions,
+    admin: &AdminState,
+    lifecycle: &mut Lifecycle,
+) -> Result<(), BindError> {
+    if let Some(addr) = options.debug_addr {
+        let addr = lifecycle.listen(addr, debug::router(admin.clone())).await?;
+        tracing::info!(%addr, "debug listener: /rlconfig and the admin endpoints");
+    }
+    Ok(())
+}
+
+/// A listener of the metrics alone at `metrics_path`, when `metrics_addr` asks for one.
+async fn serve_metrics(
+    options: &ServeOptions,
+    admin: &AdminState,
+    lifecycle: &mut Lifecycle,
+) -> Result<(), BindError> {
+    if let Some(addr) = options.metrics_addr {
+        let path = if options.metrics_path.starts_with('/') {
+            options.metrics_path.clone()
+        } else {
+            format!("/{}", options.metrics_path)
+        };
+        let metrics = axum::Router::new()
+            .route(&path, axum::routing::get(sluice_http::admin::metrics))
+            .with_state(admin.clone());
+        let addr = lifecycle.listen(addr, metrics).await?;
+        tracing::info!(%addr, %path, "metrics listener");
+    }
+    Ok(())
+}
+
+/// Serves Envoy's `ShouldRateLimit` and gRPC health on `grpc`, on runtimes of their own (one
+/// per CPU, see [`grpc_workers`]), with TLS when `grpc_tls` asks; returns the address.
+async fn serve_grpc(
+    options: &ServeOptions,
+    limiter: &Arc<Limiter>,
+    grpc: Bound,
+    lifecycle: &mut Lifecycle,
+) -> Result<SocketAddr, StartError> {
+    let health_reporter = tonic_health::server::HealthReporter::new();
+    let health = tonic_health::pb::health_server::HealthServer::new(
+        tonic_health::server::HealthService::from_health_reporter(health_reporter.clone()),
+    );
+    health_reporter
+        .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<grpc::RlsService>>()
+        .await;
+    let service = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
+        .with_answers(options.envoy.clone());
+    let rls = service.clone().into_server();
+    let tls = options
+        .grpc_tls
+        .as_ref()
+        .map(grpc_tls::acceptor)
+        .transpose()
+        .map_err(StartError::Tls)?;
+    let serving = grpc_workers::Serving {
+        routes: grpc_workers::GrpcRoutes {
+            service: Arc::new(service),
+            rls,
+            health,
+        },
+        tls,
+        limits: lifecycle.limits(),
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let stopped = lifecycle.stopped();
+    lifecycle.spawn(grpc_workers::serve(
+        grpc.listener,
+        serving,
+        threads,
+        stopped,
+    ));
+    Ok(grpc.addr)
 }
 
 /// Returns once a rule set is in force (a first set that was refused does not count).
@@ -353,116 +346,4 @@ async fn wait_for_rules(events: std::sync::mpsc::Receiver<sluice_rules::ReloadEv
             .find(|e| !matches!(e, sluice_rules::ReloadEvent::Failed(_)))
     })
     .await;
-}
-
-/// The gRPC listener's TLS from PEM contents: the server's identity, and the clients' CA when
-/// the TLS is mutual; h2 is the only protocol offered. The reason when a file holds no usable
-/// certificate or key.
-fn tls_acceptor(tls: &GrpcTls) -> Result<tokio_rustls::TlsAcceptor, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-
-    let certs = CertificateDer::pem_slice_iter(&tls.cert)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("the server certificate: {e}"))?;
-    if certs.is_empty() {
-        return Err("the server certificate file holds no PEM certificate".to_owned());
-    }
-    let key =
-        PrivateKeyDer::from_pem_slice(&tls.key).map_err(|e| format!("the server key: {e}"))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let builder = match &tls.client_ca {
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_slice_iter(ca) {
-                let cert = cert.map_err(|e| format!("the client CA: {e}"))?;
-                roots.add(cert).map_err(|e| format!("the client CA: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err("the client CA file holds no PEM certificate".to_owned());
-            }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
-                    .build()
-                    .map_err(|e| format!("the client CA: {e}"))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| format!("the server certificate and key: {e}"))?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
-}
-
-fn local(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
-    listener.local_addr().unwrap_or(fallback)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn reason(tls: &GrpcTls) -> String {
-        match tls_acceptor(tls) {
-            Ok(_) => "accepted".to_owned(),
-            Err(e) => e,
-        }
-    }
-
-    #[test]
-    fn tls_files_that_cannot_serve_are_refused_with_the_file_they_come_from() {
-        let ca = sluice_testing::tls::Authority::new();
-        let (cert, key) = ca.sign("localhost");
-        let good = GrpcTls {
-            cert: cert.clone().into_bytes(),
-            key: key.clone().into_bytes(),
-            client_ca: Some(ca.pem.clone().into_bytes()),
-        };
-        assert_eq!(reason(&good), "accepted");
-        let one_way = GrpcTls {
-            client_ca: None,
-            ..good.clone()
-        };
-        assert_eq!(reason(&one_way), "accepted");
-
-        let no_cert = GrpcTls {
-            cert: b"not a certificate".to_vec(),
-            ..good.clone()
-        };
-        assert!(
-            reason(&no_cert).contains("server certificate"),
-            "{}",
-            reason(&no_cert)
-        );
-        let no_key = GrpcTls {
-            key: b"not a key".to_vec(),
-            ..good.clone()
-        };
-        assert!(
-            reason(&no_key).contains("server key"),
-            "{}",
-            reason(&no_key)
-        );
-        let no_ca = GrpcTls {
-            client_ca: Some(b"not a CA".to_vec()),
-            ..good.clone()
-        };
-        assert!(reason(&no_ca).contains("client CA"), "{}", reason(&no_ca));
-        // A key that is not the certificate's.
-        let (_, other_key) = ca.sign("localhost");
-        let mismatched = GrpcTls {
-            key: other_key.into_bytes(),
-            ..good
-        };
-        assert!(
-            reason(&mismatched).contains("certificate and key"),
-            "{}",
-            reason(&mismatched)
-        );
-    }
 }

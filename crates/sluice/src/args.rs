@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use sluice_core::parse_duration_or_error;
 use sluice_limiter::HeaderStyle;
@@ -22,7 +21,7 @@ pub(crate) struct RulesArgs {
 }
 
 /// How long clients may hold connections, and how long stopping may take.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Copy, Args)]
 pub(crate) struct ConnectionArgs {
     /// How long a client may take to send a request's head (from connecting, or from the end
     /// of its previous answer); a slower one is disconnected.
@@ -143,76 +142,4 @@ impl From<Headers> for HeaderStyle {
             Headers::None => HeaderStyle::None,
         }
     }
-}
-
-/// Starts logging, with `SLUICE_LOG` as the filter (`default_filter` without it).
-pub(crate) fn init_logging(format: LogFormat, default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    // Colour only for a person at a terminal: a file, a pipe or a log collector gets plain text,
-    // and NO_COLOR (no-color.org) turns it off everywhere.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Pretty => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-/// Runs `serve` (which starts a server and waits for a signal) on `runtime`; then stops it with
-/// `stop`, giving requests in flight `deadline` to finish before the connections still open
-/// are closed. Returns once everything is down, whatever the clients do.
-pub(crate) fn run_until_stopped<T>(
-    runtime: tokio::runtime::Runtime,
-    deadline: Duration,
-    serve: impl std::future::Future<Output = anyhow::Result<T>>,
-    stop: impl FnOnce(T) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
-) -> anyhow::Result<()> {
-    let result = runtime.block_on(async move {
-        let running = serve.await?;
-        tracing::info!("shutting down: finishing requests in flight");
-        if tokio::time::timeout(deadline, stop(running)).await.is_err() {
-            tracing::warn!(
-                ?deadline,
-                "connections still open after the shutdown deadline; closing them"
-            );
-        }
-        Ok(())
-    });
-    // Tasks still serving connections are dropped with the runtime; nothing waits on them.
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    result
-}
-
-/// Raises the soft open-files limit to the hard one, as nginx and Envoy do: the soft limit is
-/// often 1,024 (systemd's default), which a few hundred idle clients exhaust. Returns the soft
-/// limit now in force.
-pub(crate) fn raise_open_files_limit() -> u64 {
-    match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot raise the open-files limit");
-            rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
-        }
-    }
-}
-
-/// Starts logging and the async runtime, as every long-running command does.
-pub(crate) fn start_runtime(log: &LogArgs) -> anyhow::Result<tokio::runtime::Runtime> {
-    start_runtime_logging(log.log_format, "info")
-}
-
-/// Starts logging with `default_filter` and the async runtime.
-pub(crate) fn start_runtime_logging(
-    format: LogFormat,
-    default_filter: &str,
-) -> anyhow::Result<tokio::runtime::Runtime> {
-    init_logging(format, default_filter);
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
 }

@@ -145,13 +145,13 @@ pub(crate) fn run(target: BenchTarget) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let (report, json) = match target {
             BenchTarget::Upstream { listen } => {
-                crate::args::init_logging(crate::args::LogFormat::Pretty, "info");
+                crate::start::init_logging(crate::args::LogFormat::Pretty, "info");
                 let listener = tokio::net::TcpListener::bind(listen)
                     .await
                     .with_context(|| format!("cannot listen on {listen}"))?;
                 let upstream = bench::serve_trivial_upstream(listener)?;
                 println!("serving a trivial 200 ok on http://{}", upstream.addr());
-                crate::shutdown_signal().await;
+                sluice_http::lifecycle::stop_signal().await;
                 upstream.shutdown().await;
                 return Ok(());
             }

@@ -6,165 +6,70 @@
 //! rules over xDS, Redis over a Unix socket) stops the start with what to do instead.
 //!
 //! [`launch`] is a pure function of the variables, so that every mapping is tested without a
-//! process; `docs/envoy.md` lists the variables and what each becomes.
+//! process; `docs/envoy.md` lists the variables and what each becomes. The variables are read
+//! in `variables.rs`, the Redis ones become a store URL in `redis.rs`, and the host and port
+//! ones become listening addresses in `addresses.rs`.
+
+mod addresses;
+mod redis;
+mod variables;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 
-use sluice_core::parse_duration;
-use sluice_server::compat::{EnvoyAnswers, LimitHeaderNames};
-use sluice_server::xds::{XdsOptions, XdsTls};
-use sluice_server::{GrpcTls, ServeOptions};
+use crate::compat::{EnvoyAnswers, LimitHeaderNames};
+use crate::xds::{XdsOptions, XdsTls};
+use crate::{GrpcTls, ServeOptions};
+use addresses::{address, listen_addr};
+use redis::store_url;
+use variables::{Env, NOT_HONOURED, NOT_NEEDED, go_duration};
 
 /// What the environment asks for.
 #[derive(Debug)]
-pub(crate) struct Launch {
+pub struct Launch {
     /// The service's settings.
-    pub(crate) options: ServeOptions,
+    pub options: ServeOptions,
     /// The log filter (`warn`, `info`, …) from `LOG_LEVEL`.
-    pub(crate) log_filter: &'static str,
+    pub log_filter: &'static str,
     /// JSON logs (`LOG_FORMAT=json`).
-    pub(crate) log_json: bool,
+    pub log_json: bool,
     /// Variables set but not honoured, each with why: one warning at start.
-    pub(crate) not_honoured: Vec<String>,
+    pub not_honoured: Vec<String>,
     /// Variables that need nothing from Sluice (connection pools, pipelining), for one info
     /// line.
-    pub(crate) not_needed: Vec<&'static str>,
+    pub not_needed: Vec<&'static str>,
 }
 
-/// Variables whose intent Sluice meets without them: it multiplexes one connection per Redis
-/// node and pipelines on its own.
-const NOT_NEEDED: &[&str] = &[
-    "REDIS_POOL_SIZE",
-    "REDIS_PIPELINE_WINDOW",
-    "REDIS_PIPELINE_LIMIT",
-    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
-    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
-    "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
-    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-];
-
-/// Variables that, when set, ask for something Sluice does not do, with what it does instead.
-const NOT_HONOURED: &[(&str, &str)] = &[
-    ("GRPC_UDS", "gRPC listens on TCP only"),
-    ("GRPC_MAX_CONNECTION_AGE", "connections are not aged out"),
-    (
-        "GRPC_MAX_CONNECTION_AGE_GRACE",
-        "connections are not aged out",
-    ),
-    (
-        "GRPC_CLIENT_TLS_SAN",
-        "client certificates are checked against the CA only",
-    ),
-    (
-        "USE_DOG_STATSD",
-        "no statsd; metrics are served for Prometheus",
-    ),
-    ("USE_DOG_STATSD_MOGRIFIERS", "no statsd"),
-    ("STATSD_HOST", "no statsd"),
-    ("STATSD_PORT", "no statsd"),
-    ("EXTRA_TAGS", "no statsd tags"),
-    ("STATS_FLUSH_INTERVAL", "metrics are read when scraped"),
-    ("DISABLE_STATS", "metrics are always kept"),
-    (
-        "PROMETHEUS_MAPPER_YAML",
-        "metric names are Sluice's own (docs/metrics.md)",
-    ),
-    (
-        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-        "latency is in seconds",
-    ),
-    ("TRACING_ENABLED", "no OpenTelemetry tracing"),
-    (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        "counters expire when they are full again",
-    ),
-    (
-        "LOCAL_CACHE_SIZE_IN_BYTES",
-        "use the hybrid store for local decisions",
-    ),
-    ("NEAR_LIMIT_RATIO", "no near-limit statistic"),
-    ("REDIS_TLS_CLIENT_CERT", "no client certificate to Redis"),
-    ("REDIS_TLS_CLIENT_KEY", "no client certificate to Redis"),
-    (
-        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-        "Redis TLS always verifies the host name",
-    ),
-    (
-        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        "the breaker and /readyz watch Redis",
-    ),
-    (
-        "REDIS_SENTINEL_AUTH",
-        "Sentinels are reached without credentials",
-    ),
-    (
-        "CONFIG_GRPC_XDS_NODE_METADATA",
-        "the node presents its id only",
-    ),
-    (
-        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-        "no extra headers to the xDS server",
-    ),
-    (
-        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-        "reconnecting follows XDS_CLIENT_BACKOFF_*",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-        "the back-off doubles without jitter",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_JITTER",
-        "the back-off doubles without jitter",
-    ),
-    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "tonic's limit applies"),
-];
-
-/// The environment as read once.
-struct Env<'a> {
-    vars: &'a BTreeMap<String, String>,
-}
-
-impl Env<'_> {
-    /// The value of `name`, unless unset or blank.
-    fn get(&self, name: &str) -> Option<&str> {
-        self.vars
-            .get(name)
-            .map(|v| v.trim())
-            .filter(|v| !v.is_empty())
-    }
-
-    fn or<'s>(&'s self, name: &str, default: &'s str) -> &'s str {
-        self.get(name).unwrap_or(default)
-    }
-
-    /// A boolean as envoyproxy/ratelimit reads one (`1`, `t`, `true`, `0`, `f`, `false`, any
-    /// case), or `default` when unset.
-    fn flag(&self, name: &str, default: bool) -> Result<bool, String> {
-        match self.get(name) {
-            None => Ok(default),
-            Some(v) => match v.to_ascii_lowercase().as_str() {
-                "1" | "t" | "true" => Ok(true),
-                "0" | "f" | "false" => Ok(false),
-                _ => Err(format!("{name}={v}: expected true or false")),
-            },
+impl Launch {
+    /// Logs, once the log is set up, the variables set but not honoured (one warning) and those
+    /// with nothing to do (one info line).
+    pub fn log_unused_variables(&self) {
+        if !self.not_honoured.is_empty() {
+            tracing::warn!(
+                "environment variables not honoured: {}",
+                self.not_honoured.join("; ")
+            );
+        }
+        if !self.not_needed.is_empty() {
+            tracing::info!(
+                "environment variables with nothing to do (one multiplexed connection per Redis node): {}",
+                self.not_needed.join(", ")
+            );
         }
     }
+}
 
-    /// The contents of the file that `name` names.
-    fn file(&self, name: &str) -> Result<Vec<u8>, String> {
-        let path = self
-            .get(name)
-            .ok_or_else(|| format!("{name} must name a PEM file"))?;
-        std::fs::read(path).map_err(|e| format!("{name}={path}: {e}"))
-    }
+/// The process's environment, every variable whose name and value are Unicode: what
+/// [`launch`] reads when the binary runs as envoyproxy/ratelimit.
+pub fn process_variables() -> BTreeMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
 }
 
 /// The settings that the environment `vars` asks for.
-pub(crate) fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> {
-    let env = Env { vars };
+pub fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> {
+    let env = Env::new(vars);
     let xds = match env.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
         "FILE" => None,
         "GRPC_XDS_SOTW" => Some(xds_options(&env)?),
@@ -337,133 +242,6 @@ fn xds_options(env: &Env<'_>) -> Result<XdsOptions, String> {
         backoff_max: duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s")?,
         wait_for_rules: !env.flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
     })
-}
-
-/// The store URL that `BACKEND_TYPE` and the `REDIS_*` variables describe.
-fn store_url(env: &Env<'_>) -> Result<String, String> {
-    match env
-        .or("BACKEND_TYPE", "redis")
-        .to_ascii_lowercase()
-        .as_str()
-    {
-        "redis" => {}
-        "memcache" => {
-            return Err(
-                "BACKEND_TYPE=memcache: Sluice keeps shared counters in Redis \
-                 (BACKEND_TYPE=redis), or set SLUICE_STORE=memory for one instance"
-                    .to_owned(),
-            );
-        }
-        other => return Err(format!("BACKEND_TYPE={other}: expected redis")),
-    }
-    if !env
-        .or("REDIS_SOCKET_TYPE", "unix")
-        .eq_ignore_ascii_case("tcp")
-    {
-        return Err(
-            "REDIS_SOCKET_TYPE: Sluice reaches Redis over TCP; set REDIS_SOCKET_TYPE=tcp and \
-             REDIS_URL=host:port"
-                .to_owned(),
-        );
-    }
-    let url = env
-        .get("REDIS_URL")
-        .ok_or("REDIS_URL must name the Redis server as host:port")?;
-    let scheme = if env.flag("REDIS_TLS", false)? {
-        "rediss"
-    } else {
-        "redis"
-    };
-    // REDIS_AUTH is a password, or user:password.
-    let credentials =
-        env.get("REDIS_AUTH")
-            .map_or_else(String::new, |auth| match auth.split_once(':') {
-                Some((user, password)) => format!("{}:{}@", encode(user), encode(password)),
-                None => format!(":{}@", encode(auth)),
-            });
-    let hosts = |list: &str| -> Vec<String> {
-        list.split(',')
-            .map(str::trim)
-            .filter(|h| !h.is_empty())
-            .map(str::to_owned)
-            .collect()
-    };
-    Ok(
-        match env.or("REDIS_TYPE", "SINGLE").to_ascii_uppercase().as_str() {
-            "SINGLE" => format!("{scheme}://{credentials}{url}"),
-            "CLUSTER" => format!("{scheme}+cluster://{credentials}{}", hosts(url).join(",")),
-            "SENTINEL" => {
-                // The master's name, then the Sentinels.
-                let mut parts = hosts(url);
-                if parts.len() < 2 {
-                    return Err(format!(
-                        "REDIS_URL={url}: with REDIS_TYPE=SENTINEL, give the master's name and \
-                         then the Sentinels, as mymaster,host:26379,host:26379"
-                    ));
-                }
-                let master = parts.remove(0);
-                format!(
-                    "{scheme}+sentinel://{credentials}{}/{master}",
-                    parts.join(",")
-                )
-            }
-            other => {
-                return Err(format!(
-                    "REDIS_TYPE={other}: expected SINGLE, SENTINEL or CLUSTER"
-                ));
-            }
-        },
-    )
-}
-
-/// Percent-encodes what a URL's user information cannot hold as it is.
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// The listening address of a host and a port variable.
-fn address(env: &Env<'_>, host_var: &str, port_var: &str, port: u16) -> Result<SocketAddr, String> {
-    let host = env.or(host_var, "0.0.0.0");
-    let port = match env.get(port_var) {
-        None => port,
-        Some(p) => p
-            .parse()
-            .map_err(|_| format!("{port_var}={p}: expected a port number"))?,
-    };
-    resolve(host, port).map_err(|e| format!("{host_var}={host}: {e}"))
-}
-
-/// `host:port` or `:port` (every address), as Go listens on it.
-fn listen_addr(addr: &str) -> Result<SocketAddr, String> {
-    let (host, port) = addr.rsplit_once(':').ok_or("expected host:port or :port")?;
-    let port = port.parse().map_err(|_| "expected a port number")?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    resolve(if host.is_empty() { "0.0.0.0" } else { host }, port)
-}
-
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| e.to_string())?
-        .next()
-        .ok_or_else(|| "names no address".to_owned())
-}
-
-/// A Go duration (`10s`, `500ms`, `1m30s`, `1.5s`).
-fn go_duration(text: &str) -> Option<std::time::Duration> {
-    if let Some(d) = parse_duration(text) {
-        return Some(d);
-    }
-    let secs: f64 = text.strip_suffix('s')?.parse().ok()?;
-    (secs.is_finite() && secs >= 0.0).then(|| std::time::Duration::from_secs_f64(secs))
 }
 
 #[cfg(test)]

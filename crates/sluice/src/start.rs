@@ -1,0 +1,82 @@
+//! The one start-up path of the long-running commands, `serve` (from its options or as
+//! envoyproxy/ratelimit) and `proxy`: logging, the async runtime, the open-files limit and the
+//! connection limits that fit it, then the service's whole life in the library's
+//! [`lifecycle::run`], stopped on SIGTERM or Ctrl-C within `--shutdown-timeout`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sluice_http::lifecycle::{self, Lifecycle};
+use sluice_http::serve::ConnectionLimits;
+
+use crate::args::{ConnectionArgs, LogFormat};
+
+/// Logs as `format` says (`default_filter` unless `SLUICE_LOG` is set), starts the runtime, and
+/// runs the service that `start` starts with the connection limits, until SIGTERM or Ctrl-C;
+/// then requests in flight get `connections.shutdown_timeout` to finish. Returns once
+/// everything is down, whatever the clients do, or with the error the start failed with.
+pub(crate) fn run_service<S, E, F>(
+    format: LogFormat,
+    default_filter: &str,
+    connections: ConnectionArgs,
+    start: impl FnOnce(ConnectionLimits) -> F,
+) -> anyhow::Result<()>
+where
+    F: Future<Output = Result<S, E>>,
+    S: Into<Lifecycle>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let runtime = start_runtime(format, default_filter)?;
+    let limits = connections.limits(raise_open_files_limit());
+    let lived = runtime.block_on(lifecycle::run(
+        start(limits),
+        lifecycle::stop_signal(),
+        connections.shutdown_timeout,
+    ));
+    // Tasks still serving connections are dropped with the runtime; nothing waits on them.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(lived?)
+}
+
+/// Starts logging, with `SLUICE_LOG` as the filter (`default_filter` without it).
+pub(crate) fn init_logging(format: LogFormat, default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    // Colour only for a person at a terminal: a file, a pipe or a log collector gets plain text,
+    // and NO_COLOR (no-color.org) turns it off everywhere.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Pretty => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Raises the soft open-files limit to the hard one, as nginx and Envoy do: the soft limit is
+/// often 1,024 (systemd's default), which a few hundred idle clients exhaust. Returns the soft
+/// limit now in force.
+fn raise_open_files_limit() -> u64 {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-files limit");
+            rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
+        }
+    }
+}
+
+/// Starts logging with `default_filter` and the async runtime.
+fn start_runtime(
+    format: LogFormat,
+    default_filter: &str,
+) -> anyhow::Result<tokio::runtime::Runtime> {
+    init_logging(format, default_filter);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
