@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use crate::sync::GlobalState;
 use sluice_core::{
     Decision, FixedWindowState, Policy, SlidingCounterState, Timestamp, TokenBucketState,
 };
+
+use crate::sync::GlobalState;
 
 /// A counter's state in the form the core algorithms decide on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
