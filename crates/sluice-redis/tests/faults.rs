@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use sluice_core::{Check, Policy, Store, StoreError};
 use sluice_redis::testing::{
-    RedisServer, eventually, fifty_per_hour, name, offset_to_window_start, test_options,
+    RedisServer, fifty_per_hour, name, offset_to_window_start, test_options,
 };
 use sluice_redis::{BreakerState, RedisStore};
+use sluice_test_support::eventually;
 
 fn breaker_refusal(e: &StoreError) -> bool {
     matches!(e, StoreError::Unavailable(m) if m.contains("circuit breaker is open"))

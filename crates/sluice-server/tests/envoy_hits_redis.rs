@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, rate_limi
 use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice_redis::testing::{shared_cluster, shared_server, unique_prefix};
 use sluice_server::{ServeOptions, Server};
-use sluice_testing::window::LatestWindow;
+use sluice_test_support::window::LatestWindow;
 use tonic::transport::Channel;
 
 /// What the flow checks on one counter: the hits reported, the descriptor's code, and what

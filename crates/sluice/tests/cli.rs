@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use sluice_testing::free_port;
+use sluice_test_support::{ServeProcess, free_port};
 
 fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -472,26 +472,12 @@ fn validate_with_a_hybrid_store_refuses_the_sliding_log_with_its_location() {
 fn a_connection_cap_lowered_to_fit_the_open_files_limit_is_logged() {
     let dir = tempfile::tempdir().unwrap();
     let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/rules.yaml");
-    let (http, grpc) = (
-        sluice_testing::process::free_addr(),
-        sluice_testing::process::free_addr(),
-    );
-    let log = std::fs::File::create(dir.path().join("log")).unwrap();
-    let mut command = Command::new("prlimit");
-    command
-        .args(["--nofile=1024:1024", env!("CARGO_BIN_EXE_sluice"), "serve"])
-        .args([
-            "--config",
-            rules,
-            "--http-addr",
-            &http,
-            "--grpc-addr",
-            &grpc,
-        ])
+    let process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        .launched_by("prlimit", ["--nofile=1024:1024"])
+        .config(rules)
         .env("NO_COLOR", "1")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-    let process = sluice_testing::process::spawn_command_listening(command, &http);
+        .log_to(dir.path().join("log"))
+        .start();
     drop(process);
     let text = std::fs::read_to_string(dir.path().join("log")).unwrap();
     assert!(

@@ -3,7 +3,7 @@
 //! a proxy on the same host: each carries what a client sent plus what an appending proxy
 //! (nginx, which writes `X-Forwarded-For` only) adds.
 
-use sluice_testing::process::{Spawned, free_addr, spawn_listening};
+use sluice_test_support::{Spawned, free_addr, spawn_listening};
 
 /// 5 an hour per client IP on /api/*, in a window that starts at each address's first request:
 /// a window aligned to the clock could end between two of a batch's requests, and let through

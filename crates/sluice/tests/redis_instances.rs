@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice_redis::testing::{RedisCluster, RedisServer, eventually, unique_prefix};
-use sluice_testing::process::{Spawned, free_addr, spawn_listening};
-use sluice_testing::window::{LatestWindow, clock_window};
+use sluice_redis::testing::{RedisCluster, RedisServer, unique_prefix};
+use sluice_test_support::window::{LatestWindow, clock_window};
+use sluice_test_support::{ServeProcess, Spawned, eventually, free_addr, spawn_listening};
 
 /// Every algorithm with a limit of 50 that does not refill while a test runs.
 const RULES: &str = r#"
@@ -47,36 +47,20 @@ const ALGORITHMS: [&str; 6] = [
 
 /// A `sluice serve` child process, killed by PID when dropped.
 struct Instance {
-    _process: Spawned,
+    _process: ServeProcess,
     http: String,
 }
 
 impl Instance {
     fn start(rules: &Path, store: &str, prefix: &str) -> Instance {
-        let (http, grpc) = (free_addr(), free_addr());
-        let rules = rules.to_str().expect("a UTF-8 temp path");
-        let process = spawn_listening(
-            env!("CARGO_BIN_EXE_sluice"),
-            &[
-                "serve",
-                "--http-addr",
-                &http,
-                "--grpc-addr",
-                &grpc,
-                "--store",
-                store,
-                "--store-prefix",
-                prefix,
-                "--store-timeout-ms",
-                "5000",
-                "--config",
-                rules,
-            ],
-            &http,
-        );
+        let process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+            .args(["--store", store, "--store-prefix", prefix])
+            .args(["--store-timeout-ms", "5000"])
+            .config(rules)
+            .start();
         Instance {
+            http: format!("http://{}", process.http()),
             _process: process,
-            http: format!("http://{http}"),
         }
     }
 }
