@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use sluice_core::MemoryStore;
 use sluice_server::{ServeOptions, Server};
-use sluice_test_support::eventually;
+use sluice_test_support::{eventually, rules_file};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Two an hour, in a window that starts at the key's first request: the store reads the real
@@ -20,9 +20,7 @@ descriptors:
 ";
 
 async fn start() -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
+    let (rules, dir) = rules_file("rules.yaml", RULES);
     let mut options = ServeOptions::new(vec![rules]);
     options.http_addr = "127.0.0.1:0".parse().unwrap();
     options.grpc_addr = "127.0.0.1:0".parse().unwrap();

@@ -10,10 +10,10 @@
 //!   message naming what never came ([`wait`]);
 //! - [`ServeProcess`]: `sluice serve` as a real process, on free addresses, waited for until it
 //!   listens ([`serve_process`]);
+//! - [`rules_file`]: rules written to a file in a temporary directory ([`temp_rules`]);
 //! - [`window`]: the answers of counters whose windows are aligned to the real clock.
 //!
-//! What needs the engine (rules in a temp dir, limiters on fake clocks, a counting upstream,
-//! TLS certificates) is one layer up, in `sluice-testing`; real `redis-server`s are in
+//! What needs the engine (limiters on fake clocks, a counting upstream, TLS certificates) is one layer up, in `sluice-testing`; real `redis-server`s are in
 //! `sluice-redis`'s `testing` feature, which builds on this crate. Dev-only: nothing published
 //! depends on it.
 //!
@@ -43,10 +43,12 @@
 pub mod ports;
 pub mod process;
 pub mod serve_process;
+pub mod temp_rules;
 pub mod wait;
 pub mod window;
 
 pub use ports::{free_addr, free_port, listening};
 pub use process::{Spawned, spawn_captured_listening, spawn_command_listening, spawn_listening};
 pub use serve_process::{Listener, ServeBuilder, ServeProcess};
+pub use temp_rules::rules_file;
 pub use wait::{PATIENCE, eventually, eventually_within, wait_until, wait_within};

@@ -11,8 +11,8 @@ use std::io::Write as _;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use sluice_test_support::ServeProcess;
 use sluice_test_support::free_port;
+use sluice_test_support::{ServeProcess, rules_file};
 
 /// Two decisions an hour per value of `k`, in a window that starts at the key's first request:
 /// a window aligned to the clock could end between the exhausting checks and the check after a
@@ -237,9 +237,7 @@ fn admin_endpoints_refuse_a_remote_peer_without_the_token_and_obey_it_with() {
             return;
         }
     };
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
     let rules = rules.to_str().unwrap();
     let admin_paths = [
         ("GET", "/v1/rules"),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sluice_redis::testing::{RedisCluster, unique_prefix};
-use sluice_test_support::{ServeProcess, eventually};
+use sluice_test_support::{ServeProcess, eventually, rules_file};
 
 /// `load` never refuses while the test runs; `fresh` admits exactly 50 an hour.
 const RULES: &str = "domain: failover
@@ -108,9 +108,7 @@ async fn a_killed_master_fails_over_while_every_request_is_answered() {
     let on_victim = values_in(&cluster, "load", &slots, true, 8);
     let elsewhere = values_in(&cluster, "load", &slots, false, 8);
 
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
     let serve = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "--store",

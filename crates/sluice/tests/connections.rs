@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use sluice_test_support::{
-    ServeProcess, Spawned, free_addr, spawn_listening, wait_until, wait_within,
+    ServeProcess, Spawned, free_addr, rules_file, spawn_listening, wait_until, wait_within,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -26,9 +26,7 @@ routes:
 ";
 
 fn rules() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rules.yaml");
-    std::fs::write(&path, RULES).unwrap();
+    let (path, dir) = rules_file("rules.yaml", RULES);
     let path = path.to_str().unwrap().to_owned();
     (dir, path)
 }

@@ -2,13 +2,14 @@
 
 use std::io::{BufRead, BufReader};
 
-use sluice_test_support::ServeProcess;
+use sluice_test_support::{ServeProcess, rules_file};
 
 #[test]
 fn logs_to_a_pipe_have_no_colour_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+    let (rules, _dir) = rules_file(
+        "rules.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
     let mut child = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
         .config(&rules)
         .env_remove("NO_COLOR")

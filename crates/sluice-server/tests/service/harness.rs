@@ -14,6 +14,7 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::{Value, json};
 use sluice_core::{FakeClock, MemoryStore, Timestamp};
 use sluice_server::{ServeOptions, Server};
+use sluice_test_support::rules_file;
 use tonic::transport::Channel;
 
 const RULES: &str = r#"
@@ -80,9 +81,7 @@ impl Harness {
     }
 
     pub(crate) async fn start_with(configure: impl FnOnce(&mut ServeOptions)) -> Harness {
-        let dir = tempfile::tempdir().unwrap();
-        let rules = dir.path().join("rules.yaml");
-        std::fs::write(&rules, RULES).unwrap();
+        let (rules, dir) = rules_file("rules.yaml", RULES);
         let mut options = ServeOptions::new(vec![rules]);
         options.http_addr = "127.0.0.1:0".parse().unwrap();
         options.grpc_addr = "127.0.0.1:0".parse().unwrap();

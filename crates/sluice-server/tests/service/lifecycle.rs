@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice_server::{ServeOptions, Server};
+use sluice_test_support::rules_file;
 
 use crate::harness::Harness;
 
@@ -28,9 +29,10 @@ async fn graceful_shutdown_stops_both_listeners() {
 
 #[tokio::test]
 async fn invalid_rules_stop_the_start_with_their_location() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad.yaml");
-    std::fs::write(&path, "domain: x\ndescriptors:\n  - key: a\n    rate_limt: {unit: second, requests_per_unit: 1}\n").unwrap();
+    let (path, _dir) = rules_file(
+        "bad.yaml",
+        "domain: x\ndescriptors:\n  - key: a\n    rate_limt: {unit: second, requests_per_unit: 1}\n",
+    );
     let mut options = ServeOptions::new(vec![path]);
     options.http_addr = "127.0.0.1:0".parse().unwrap();
     options.grpc_addr = "127.0.0.1:0".parse().unwrap();
