@@ -13,9 +13,9 @@
 //! - [`rules_file`]: rules written to a file in a temporary directory ([`temp_rules`]);
 //! - [`window`]: the answers of counters whose windows are aligned to the real clock.
 //!
-//! What needs the engine (limiters on fake clocks, a counting upstream, TLS certificates) is one layer up, in `sluice-testing`; real `redis-server`s are in
-//! `sluice-redis`'s `testing` feature, which builds on this crate. Dev-only: nothing published
-//! depends on it.
+//! What needs the engine (limiters on fake clocks, a counting upstream, TLS certificates) is one
+//! layer up, in `sluice-testing`; real `redis-server`s are in `sluice-redis`'s `testing` feature,
+//! which builds on this crate. Dev-only: nothing published depends on it.
 //!
 //! ```
 //! use std::process::Command;

@@ -1,10 +1,12 @@
-//! The engine layer of Sluice's test support: limiters over rules on fake clocks, a clock that follows tokio's paused time, a real upstream on a loopback port, a
-//! closed port, an HTTP client for long tests, and certificates for TLS tests ([`tls`]).
+//! The engine layer of Sluice's test support: limiters over rules on fake clocks, a clock that
+//! follows tokio's paused time, a real upstream on a loopback port, a closed port, an HTTP client
+//! for long tests, and certificates for TLS tests ([`tls`]).
 //!
 //! It may depend on the engine (`sluice-limiter`), so only the crates above the engine use it.
 //! What needs nothing of Sluice's (free ports, processes killed by PID, polling until a deadline,
-//! `sluice serve` as a process, rules in a temp dir, clock-aligned windows) is the layer below, `sluice-test-support`,
-//! which every crate's tests may use. Dev-only: no published crate depends on it.
+//! `sluice serve` as a process, rules in a temp dir, clock-aligned windows) is the layer below,
+//! `sluice-test-support`, which every crate's tests may use. Dev-only: no published crate
+//! depends on it.
 
 #![forbid(unsafe_code)]
 #![allow(missing_docs)]

@@ -266,7 +266,7 @@ async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects()
         ],
     );
     let process = ratelimit.ready_on(Listener::Grpc).start();
-    let (http, grpc) = (process.http(), process.grpc());
+    let (http, grpc) = (process.http().to_owned(), process.grpc().to_owned());
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .unwrap();
@@ -400,7 +400,7 @@ async fn envoy_gateways_contract_xds_and_grpc_over_mutual_tls() {
         ],
     );
     let process = ratelimit.spawn();
-    let (http, grpc) = (process.http(), process.grpc());
+    let (http, grpc) = (process.http().to_owned(), process.grpc().to_owned());
 
     // The subscription arrives over mutual TLS: the server asked for a client certificate.
     let (mut requests, responses) = next("stream over TLS", streams.recv()).await;
@@ -413,7 +413,7 @@ async fn envoy_gateways_contract_xds_and_grpc_over_mutual_tls() {
     assert_eq!(request_of(&mut requests).await.version_info, "1");
 
     let channel = eventually_within("gRPC over TLS serves", STEP, || {
-        sluice_testing::tls::channel(grpc, &ca.pem, "localhost", Some(&envoy))
+        sluice_testing::tls::channel(&grpc, &ca.pem, "localhost", Some(&envoy))
     })
     .await;
     let mut client = RateLimitServiceClient::new(channel);

@@ -210,10 +210,10 @@ async fn a_restarted_instance_keeps_its_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_down_answers_follow_on_store_error_and_stay_fast() {
     let mut redis = RedisServer::start();
+    // Windows from the first request: one aligned to the clock could end between the checks
+    // that use a limit up and the one that must be refused.
     let (path, _dir) = rules_file(
         "rules.yaml",
-        &// Windows from the first request: one aligned to the clock could end between the checks
-        // that use a limit up and the one that must be refused.
         "domain: multi\ndescriptors:\n  - key: open\n    rate_limit: {unit: hour, requests_per_unit: 1, alignment: first_request}\n  - key: closed\n    on_store_error: deny\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n  - key: local\n    on_store_error: local\n    rate_limit: {unit: hour, requests_per_unit: 2, alignment: first_request}\n",
     );
     let instance = Instance::start(&path, &redis.url(), &unique_prefix());

@@ -6,9 +6,9 @@
 //!
 //! Each server lives in its own temporary directory, without persistence, and is killed when its
 //! handle drops, or by a watchdog when the test process ends. Ports, child processes and waits
-//! with a deadline are `sluice-test-support`'s, the layer below every crate's tests. Tests that need no server of their
-//! own share one ([`shared_server`], [`shared_cluster`]) and keep their counters apart with
-//! [`unique_prefix`].
+//! with a deadline are `sluice-test-support`'s, the layer below every crate's tests. Tests that
+//! need no server of their own share one ([`shared_server`], [`shared_cluster`]) and keep their
+//! counters apart with [`unique_prefix`].
 //!
 //! ```no_run
 //! use sluice_redis::RedisStore;
