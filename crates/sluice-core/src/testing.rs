@@ -8,14 +8,9 @@
 //! async fn memory() -> MyBackend { ... }
 //! sluice_core::backend_suite!(memory());
 //! ```
-//!
-//! It also hands out loopback ports for the processes tests start ([`free_port`]).
 
 use std::sync::Arc;
 use std::time::Duration;
-
-mod ports;
-pub use ports::free_port;
 
 use crate::{
     Alignment, BucketedWindow, Check, Decision, FixedWindow, Gcra, LeakyQueue, Policy, Rate,

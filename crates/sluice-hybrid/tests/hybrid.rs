@@ -12,8 +12,9 @@ use sluice_core::{
 use sluice_hybrid::{HybridOptions, HybridStore};
 use sluice_redis::RedisStore;
 use sluice_redis::testing::{
-    RedisServer, eventually, offset_to_window_start, redis_time_nanos, test_options, unique_prefix,
+    RedisServer, offset_to_window_start, redis_time_nanos, test_options, unique_prefix,
 };
+use sluice_test_support::eventually;
 
 /// `n` hybrid stores ("instances") on the Redis at `port`, sharing one prefix, each on the same
 /// fake clock, which starts 20 ms into a minute of the stores' Redis time.

@@ -11,8 +11,9 @@ use std::time::Duration;
 use sluice_core::{BreakerState, Check, Policy, Store, StoreError};
 use sluice_redis::RedisStore;
 use sluice_redis::testing::{
-    RedisServer, eventually, fifty_per_hour, name, offset_to_window_start, test_options,
+    RedisServer, fifty_per_hour, name, offset_to_window_start, test_options,
 };
+use sluice_test_support::eventually;
 
 fn breaker_refusal(e: &StoreError) -> bool {
     matches!(e, StoreError::Unavailable(m) if m.contains("circuit breaker is open"))

@@ -7,9 +7,10 @@ use std::time::Duration;
 use sluice_core::{Alignment, Check, FixedWindow, Policy, SlidingCounter, Store, StoreError};
 use sluice_redis::RedisStore;
 use sluice_redis::testing::{
-    RedisServer, eventually, fifty_per_hour, name, offset_to_window_start, shared_server,
-    standalone_backend, test_options, wait_until,
+    RedisServer, fifty_per_hour, name, offset_to_window_start, shared_server, standalone_backend,
+    test_options,
 };
+use sluice_test_support::{eventually, wait_until};
 
 sluice_core::backend_suite!(standalone_backend());
 

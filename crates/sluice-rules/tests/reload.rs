@@ -1,16 +1,17 @@
 //! Hot reload. Semantic tests drive [`Reloader::reload_now`] directly; watcher tests change real
-//! files in a temporary directory and wait on the reload event with a generous deadline, never
-//! on a sleep.
+//! files in a temporary directory and poll for the reload with a generous deadline, never sleep
+//! for a guessed time.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_core::{Policy, UnsupportedPolicy};
 use sluice_rules::{ErrorKind, LoadError, LoadOptions, ReloadEvent, Reloader};
+use sluice_test_support::{rules_file, wait_within};
 
 const DEBOUNCE: Duration = Duration::from_millis(20);
 /// How long a watcher test waits for its reload: far beyond any healthy machine's need, so the
@@ -39,36 +40,30 @@ fn write(path: &Path, text: &str) {
 }
 
 /// Waits until a reload leaves the rules at `want`, ignoring intermediate outcomes (a watcher
-/// may catch a file half-written and report a failure before the complete one).
+/// may catch a file half-written and report a failure before the complete one); the events
+/// that came meanwhile are taken off the channel.
 fn wait_for_limit(reloader: &Reloader, events: &Receiver<ReloadEvent>, want: u64) {
-    let deadline = Instant::now() + DEADLINE;
-    while limit(reloader) != want {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match events.recv_timeout(left) {
-            Ok(_) => {}
-            Err(e) => panic!("no reload to limit {want} within {DEADLINE:?}: {e}"),
-        }
-    }
+    let what = format!("a reload leaves the limit at {want}");
+    wait_within(&what, DEADLINE, || {
+        events.try_iter().for_each(drop);
+        limit(reloader) == want
+    });
 }
 
 /// Waits for a failed reload whose message contains `needle` (a half-written file may fail
 /// differently first).
 fn wait_for_failure(events: &Receiver<ReloadEvent>, needle: &str) -> sluice_rules::LoadError {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match events.recv_timeout(left) {
-            Ok(ReloadEvent::Failed(e)) if e.to_string().contains(needle) => return e,
-            Ok(_) => {}
-            Err(e) => panic!("no failed reload within {DEADLINE:?}: {e}"),
-        }
-    }
+    let what = format!("a reload fails with {needle:?}");
+    wait_within(&what, DEADLINE, || {
+        events.try_iter().find_map(|event| match event {
+            ReloadEvent::Failed(e) if e.to_string().contains(needle) => Some(e),
+            _ => None,
+        })
+    })
 }
 
 fn single_file(limit: u64) -> (tempfile::TempDir, PathBuf, Arc<Reloader>) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("rules.yaml");
-    write(&file, &rules(limit));
+    let (file, dir) = rules_file("rules.yaml", &rules(limit));
     let reloader = Reloader::new(vec![file.clone()]).unwrap();
     (dir, file, reloader)
 }

@@ -12,7 +12,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, rate_limi
 use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice_redis::testing::{shared_cluster, shared_server, unique_prefix};
 use sluice_server::{ServeOptions, Server};
-use sluice_testing::window::LatestWindow;
+use sluice_test_support::rules_file;
+use sluice_test_support::window::LatestWindow;
 use tonic::transport::Channel;
 
 /// What the flow checks on one counter: the hits reported, the descriptor's code, and what
@@ -25,9 +26,7 @@ type Seen = (u64, i32, u32);
 const RULES: &str = "domain: ai\ndescriptors:\n  - key: tokens\n    rate_limit: {unit: day, requests_per_unit: 100}\n";
 
 async fn flow(store: String) {
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
     let start = |prefix: String| {
         let mut options = ServeOptions::new(vec![rules.clone()]);
         options.http_addr = "127.0.0.1:0".parse().unwrap();

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use sluice_core::MemoryStore;
 use sluice_server::{ServeOptions, Server};
+use sluice_test_support::{eventually, rules_file};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Two an hour, in a window that starts at the key's first request: the store reads the real
@@ -19,9 +20,7 @@ descriptors:
 ";
 
 async fn start() -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
+    let (rules, dir) = rules_file("rules.yaml", RULES);
     let mut options = ServeOptions::new(vec![rules]);
     options.http_addr = "127.0.0.1:0".parse().unwrap();
     options.grpc_addr = "127.0.0.1:0".parse().unwrap();
@@ -32,18 +31,14 @@ async fn start() -> (Server, tempfile::TempDir) {
 }
 
 /// Polls `/v1/dashboard` until `done` holds, for at most 20 s (the history is sampled once a
-/// second by the server).
+/// second by the server); a timeout quotes the last data seen.
 async fn dashboard_until(server: &Server, done: impl Fn(&Value) -> bool) -> Value {
     let url = format!("http://{}/v1/dashboard", server.http_addr());
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
+    eventually("the dashboard shows it", || async {
         let v: Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
-        if done(&v) {
-            return v;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never: {v:#}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        if done(&v) { Ok(v) } else { Err(v) }
+    })
+    .await
 }
 
 fn total(v: &Value, outcome: &str) -> u64 {

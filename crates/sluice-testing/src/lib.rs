@@ -1,8 +1,12 @@
-//! What Sluice's tests share: rules in a temp dir, limiters over them on fake clocks, a clock
-//! that follows tokio's paused time, a real upstream on a loopback port, free and closed ports,
-//! real processes killed by PID when dropped ([`process`]), and the answers of counters whose
-//! windows are aligned to the real clock ([`window`]).
-//! Dev-only: no published crate depends on it.
+//! The engine layer of Sluice's test support: limiters over rules on fake clocks, a clock that
+//! follows tokio's paused time, a real upstream on a loopback port, a closed port, an HTTP client
+//! for long tests, and certificates for TLS tests ([`tls`]).
+//!
+//! It may depend on the engine (`sluice-limiter`), so only the crates above the engine use it.
+//! What needs nothing of Sluice's (free ports, processes killed by PID, polling until a deadline,
+//! `sluice serve` as a process, rules in a temp dir, clock-aligned windows) is the layer below,
+//! `sluice-test-support`, which every crate's tests may use. Dev-only: no published crate
+//! depends on it.
 
 #![forbid(unsafe_code)]
 #![allow(missing_docs)]
@@ -21,18 +25,9 @@ use futures_util::StreamExt;
 use sluice_core::{Clock, DynStore, FakeClock, MemoryStore, Timestamp};
 use sluice_limiter::{Limiter, Metrics};
 use sluice_rules::Reloader;
+use sluice_test_support::rules_file;
 
-pub mod process;
 pub mod tls;
-pub mod window;
-
-/// `rules` (YAML text) written to `name` in a new temp dir, which must outlive its use.
-pub fn rules_file(name: &str, rules: &str) -> (std::path::PathBuf, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(name);
-    std::fs::write(&path, rules).unwrap();
-    (path, dir)
-}
 
 /// A limiter over `rules` (YAML text) and `store`. The temp dir must outlive the limiter.
 pub fn limiter_with(rules: &str, store: Arc<dyn DynStore>) -> (Arc<Limiter>, tempfile::TempDir) {
@@ -156,10 +151,6 @@ pub async fn upstream() -> CountingUpstream {
     });
     CountingUpstream { addr, hits }
 }
-
-/// A loopback port for a process that binds it itself: free a moment ago, below the kernel's
-/// range for outgoing connections, and never handed out twice in one test binary.
-pub use sluice_core::testing::free_port;
 
 /// A port nothing listens on.
 pub async fn closed_port() -> SocketAddr {

@@ -11,8 +11,8 @@ use std::io::Write as _;
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use sluice_testing::free_port;
-use sluice_testing::process::{Spawned, free_addr, spawn_listening};
+use sluice_test_support::free_port;
+use sluice_test_support::{ServeProcess, rules_file};
 
 /// Two decisions an hour per value of `k`, in a window that starts at the key's first request:
 /// a window aligned to the clock could end between the exhausting checks and the check after a
@@ -156,19 +156,12 @@ impl Drop for Namespace {
 }
 
 /// `sluice serve` listening on `addr` (its gRPC listener on loopback), with `extra` flags.
-fn serve(rules: &str, addr: &str, extra: &[&str]) -> Spawned {
-    let grpc = free_addr();
-    let mut args = vec![
-        "serve",
-        "--config",
-        rules,
-        "--http-addr",
-        addr,
-        "--grpc-addr",
-        &grpc,
-    ];
-    args.extend_from_slice(extra);
-    spawn_listening(env!("CARGO_BIN_EXE_sluice"), &args, addr)
+fn serve(rules: &str, addr: &str, extra: &[&str]) -> ServeProcess {
+    ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        .config(rules)
+        .http_addr(addr)
+        .args(extra)
+        .start()
 }
 
 /// A counter key as a URL path segment.
@@ -244,9 +237,7 @@ fn admin_endpoints_refuse_a_remote_peer_without_the_token_and_obey_it_with() {
             return;
         }
     };
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
     let rules = rules.to_str().unwrap();
     let admin_paths = [
         ("GET", "/v1/rules"),

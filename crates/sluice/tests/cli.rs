@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use sluice_testing::free_port;
+use sluice_test_support::{ServeProcess, Spawned, free_port};
 
 fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -155,19 +155,19 @@ fn proxy_limits_before_forwarding_and_reports_a_down_upstream() {
     let rules = dir.path().join("gateway.yaml");
     example_gateway_without_clock_windows(&rules);
     let (listen, upstream) = (free_port(), free_port());
-    let mut child = sluice()
-        .args(["proxy", "--config"])
-        .arg(&rules)
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
-        .env("SLUICE_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Spawned::spawn(
+        sluice()
+            .args(["proxy", "--config"])
+            .arg(&rules)
+            .args(["--listen", &format!("127.0.0.1:{listen}")])
+            .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
+            .env("SLUICE_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null()),
+    );
     // The process logs that it is forwarding once it listens: wait for that line, not a time.
-    let logs = std::io::BufReader::new(child.stdout.take().unwrap());
+    let logs = std::io::BufReader::new(child.0.stdout.take().unwrap());
     let ready = std::io::BufRead::lines(logs)
         .map_while(Result::ok)
         .any(|line| line.contains("is forwarding"));
@@ -176,8 +176,7 @@ fn proxy_limits_before_forwarding_and_reports_a_down_upstream() {
     // the sixth is refused by the limit without reaching it, and other paths are not limited.
     let statuses: Vec<u16> = (0..6).map(|_| get_status(listen, "/api/x")).collect();
     let free = get_status(listen, "/elsewhere");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     assert_eq!(statuses, [502, 502, 502, 502, 502, 429]);
     assert_eq!(free, 502);
 }
@@ -188,23 +187,23 @@ fn proxy_admin_listener_serves_metrics_that_move_and_counts_a_failed_reload() {
     let rules = dir.path().join("gateway.yaml");
     example_gateway_without_clock_windows(&rules);
     let (listen, admin, upstream) = (free_port(), free_port(), free_port());
-    let mut child = sluice()
-        .args(["proxy", "--config"])
-        .arg(&rules)
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-        .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
-        // Only the admin endpoint reloads during the test, so exactly one reload fails.
-        .args(["--reload-debounce", "1h"])
-        .env("SLUICE_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Spawned::spawn(
+        sluice()
+            .args(["proxy", "--config"])
+            .arg(&rules)
+            .args(["--listen", &format!("127.0.0.1:{listen}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
+            // Only the admin endpoint reloads during the test, so exactly one reload fails.
+            .args(["--reload-debounce", "1h"])
+            .env("SLUICE_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null()),
+    );
     // Log lines, as they come, from a thread: the test waits for lines, never for a time.
     let (lines, logged) = std::sync::mpsc::channel::<String>();
-    let stdout = child.stdout.take().unwrap();
+    let stdout = child.0.stdout.take().unwrap();
     std::thread::spawn(move || {
         for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
             if lines.send(line).is_err() {
@@ -237,8 +236,7 @@ fn proxy_admin_listener_serves_metrics_that_move_and_counts_a_failed_reload() {
     // The old rules stay in force.
     let still_limited = get_status(listen, "/api/x");
     let (_, after) = send(admin, "GET", "/metrics");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
 
     assert_eq!(statuses, [502, 502, 502, 502, 502, 429]);
     assert_eq!(status, 200);
@@ -278,15 +276,15 @@ fn proxy_refuses_invalid_rules_with_their_location() {
 
 #[test]
 fn bench_loads_the_trivial_upstream_and_reports_json() {
-    let mut upstream = sluice()
-        .args(["bench", "upstream", "--listen", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut upstream = Spawned::spawn(
+        sluice()
+            .args(["bench", "upstream", "--listen", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null()),
+    );
     // It prints where it listens once it does: read that line, not a time.
     let mut lines =
-        std::io::BufRead::lines(std::io::BufReader::new(upstream.stdout.take().unwrap()));
+        std::io::BufRead::lines(std::io::BufReader::new(upstream.0.stdout.take().unwrap()));
     let line = lines.next().and_then(Result::ok).unwrap_or_default();
     let url = line
         .rsplit(' ')
@@ -310,8 +308,7 @@ fn bench_loads_the_trivial_upstream_and_reports_json() {
             .output()
             .unwrap()
     });
-    let _ = upstream.kill();
-    let _ = upstream.wait();
+    drop(upstream);
     let out = out.unwrap_or_else(|| panic!("the upstream said {line:?}"));
     assert!(
         out.status.success(),
@@ -472,26 +469,12 @@ fn validate_with_a_hybrid_store_refuses_the_sliding_log_with_its_location() {
 fn a_connection_cap_lowered_to_fit_the_open_files_limit_is_logged() {
     let dir = tempfile::tempdir().unwrap();
     let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/rules.yaml");
-    let (http, grpc) = (
-        sluice_testing::process::free_addr(),
-        sluice_testing::process::free_addr(),
-    );
-    let log = std::fs::File::create(dir.path().join("log")).unwrap();
-    let mut command = Command::new("prlimit");
-    command
-        .args(["--nofile=1024:1024", env!("CARGO_BIN_EXE_sluice"), "serve"])
-        .args([
-            "--config",
-            rules,
-            "--http-addr",
-            &http,
-            "--grpc-addr",
-            &grpc,
-        ])
+    let process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        .launched_by("prlimit", ["--nofile=1024:1024"])
+        .config(rules)
         .env("NO_COLOR", "1")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-    let process = sluice_testing::process::spawn_command_listening(command, &http);
+        .log_to(dir.path().join("log"))
+        .start();
     drop(process);
     let text = std::fs::read_to_string(dir.path().join("log")).unwrap();
     assert!(

@@ -3,7 +3,7 @@
 //! a proxy on the same host: each carries what a client sent plus what an appending proxy
 //! (nginx, which writes `X-Forwarded-For` only) adds.
 
-use sluice_testing::process::{Spawned, free_addr, spawn_listening};
+use sluice_test_support::{Spawned, free_addr, rules_file, spawn_listening};
 
 /// 5 an hour per client IP on /api/*, in a window that starts at each address's first request:
 /// a window aligned to the clock could end between two of a batch's requests, and let through
@@ -34,9 +34,7 @@ struct Setup {
 }
 
 fn start(trusted: bool, extra: &[&str]) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gw.yaml");
-    std::fs::write(&path, rules(trusted)).unwrap();
+    let (path, dir) = rules_file("gw.yaml", &rules(trusted));
     let (upstream, listen) = (free_addr(), free_addr());
     let bin = env!("CARGO_BIN_EXE_sluice");
     let up = spawn_listening(

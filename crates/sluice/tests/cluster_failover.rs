@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sluice_redis::testing::{RedisCluster, eventually, unique_prefix};
-use sluice_testing::process::{free_addr, spawn_listening};
+use sluice_redis::testing::{RedisCluster, unique_prefix};
+use sluice_test_support::{ServeProcess, eventually, rules_file};
 
 /// `load` never refuses while the test runs; `fresh` admits exactly 50 an hour.
 const RULES: &str = "domain: failover
@@ -108,33 +108,21 @@ async fn a_killed_master_fails_over_while_every_request_is_answered() {
     let on_victim = values_in(&cluster, "load", &slots, true, 8);
     let elsewhere = values_in(&cluster, "load", &slots, false, 8);
 
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
-    let (http, grpc) = (free_addr(), free_addr());
-    let _serve = spawn_listening(
-        env!("CARGO_BIN_EXE_sluice"),
-        &[
-            "serve",
-            "--http-addr",
-            &http,
-            "--grpc-addr",
-            &grpc,
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
+    let serve = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        .args([
             "--store",
             &cluster.url(),
             "--store-prefix",
             &unique_prefix(),
-            // Generous for a debug build on a busy machine: a call that timed out after Redis
-            // counted it would make the exact counts below inexact. The dead master refuses
-            // connections at once, so no call waits this out.
-            "--store-timeout-ms",
-            "2000",
-            "--config",
-            rules.to_str().unwrap(),
-        ],
-        &http,
-    );
-    let http = format!("http://{http}");
+        ])
+        // Generous for a debug build on a busy machine: a call that timed out after Redis
+        // counted it would make the exact counts below inexact. The dead master refuses
+        // connections at once, so no call waits this out.
+        .args(["--store-timeout-ms", "2000"])
+        .config(&rules)
+        .start();
+    let http = format!("http://{}", serve.http());
     let client = sluice_testing::long_lived_client();
 
     // Steady load: 16 clients, each on one key, half of them on the master about to die.

@@ -7,10 +7,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice_testing::process::{Spawned, free_addr, spawn_command_listening, spawn_listening};
+use sluice_test_support::{
+    ServeProcess, Spawned, free_addr, rules_file, spawn_listening, wait_until, wait_within,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// 5 an hour, in a window that starts at the counter's first request: a window aligned to the
@@ -25,21 +26,18 @@ routes:
 ";
 
 fn rules() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rules.yaml");
-    std::fs::write(&path, RULES).unwrap();
+    let (path, dir) = rules_file("rules.yaml", RULES);
     let path = path.to_str().unwrap().to_owned();
     (dir, path)
 }
 
 /// `sluice serve` on `rules` with `extra` flags; returns it with its HTTP and gRPC addresses.
-fn serve(rules: &str, extra: &[&str]) -> (Spawned, String, String) {
-    let (http, grpc) = (free_addr(), free_addr());
-    let process = spawn_listening(
-        env!("CARGO_BIN_EXE_sluice"),
-        &serve_args(rules, &http, &grpc, extra),
-        &http,
-    );
+fn serve(rules: &str, extra: &[&str]) -> (ServeProcess, String, String) {
+    let process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        .config(rules)
+        .args(extra)
+        .start();
+    let (http, grpc) = (process.http().to_owned(), process.grpc().to_owned());
     (process, http, grpc)
 }
 
@@ -62,44 +60,6 @@ fn proxy(rules: &str, upstream: &str, extra: &[&str]) -> (Spawned, String, Strin
     // The admin listener binds after the proxy's: once it answers, both do.
     let process = spawn_listening(env!("CARGO_BIN_EXE_sluice"), &args, &admin);
     (process, listen, admin)
-}
-
-/// The arguments of `sluice serve` on `rules`, listening on `http` and `grpc`, with `extra`.
-fn serve_args<'a>(rules: &'a str, http: &'a str, grpc: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        "serve",
-        "--config",
-        rules,
-        "--http-addr",
-        http,
-        "--grpc-addr",
-        grpc,
-    ];
-    args.extend_from_slice(extra);
-    args
-}
-
-/// Sends SIGTERM and waits, at most 20 s, for the process to exit.
-fn terminate(process: &mut Spawned) -> ExitStatus {
-    let pid = process.pid().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = process.0.try_wait().unwrap() {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 20 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A request whose head is sent but whose body never comes.
@@ -129,7 +89,7 @@ fn serve_exits_zero_after_the_deadline_whatever_clients_hold_open() {
         silent_h2c(&grpc),
         silent_h2c(&http),
     ];
-    let status = terminate(&mut serve);
+    let status = serve.terminate();
     assert!(status.success(), "{status}");
 }
 
@@ -146,7 +106,7 @@ fn proxy_exits_zero_after_the_deadline_whatever_clients_hold_open() {
         silent_h2c(&listen),
         half_sent_request(&admin),
     ];
-    let status = terminate(&mut proxy);
+    let status = proxy.terminate();
     assert!(status.success(), "{status}");
 }
 
@@ -195,37 +155,21 @@ fn one_address_cannot_hold_more_than_its_share_of_connections() {
         &rules,
         &["--header-timeout", "1h", "--max-connections-per-ip", "3"],
     );
-    // spawn_listening's own probe connection has come and gone; wait until its place is back.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while healthz(&http).is_none() {
-        assert!(Instant::now() < deadline, "the server never answered");
-    }
+    // The start's own probe connection has come and gone; wait until its place is back.
+    wait_until("the server answers", || healthz(&http).is_some());
     // Three idle connections, then a fourth from the same address is closed unanswered. The
     // last answered connection's place comes back only once the server has finished with it,
     // which on a loaded machine can be after the client saw the answer: then one of the three
     // was the one refused, and the fourth is served. Try again: only a server that lets four
     // in every time fails.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut idle = loop {
+    let mut idle = wait_until("a fourth connection from one address is refused", || {
         let idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&http).unwrap()).collect();
-        if healthz(&http).is_none() {
-            break idle;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a fourth connection from one address was served every time"
-        );
-    };
+        healthz(&http).is_none().then_some(idle)
+    });
     // One idle client leaves: its place comes back, and a request is answered again.
     idle.pop();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = healthz(&http) {
-            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the freed place never came back");
-    }
+    let status = wait_until("the freed place comes back", || healthz(&http));
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
 }
 
 /// Whether an h2 connection to `addr` is served: the server answers the client's preface and
@@ -250,31 +194,19 @@ fn h2_served(addr: &str) -> bool {
 fn the_grpc_listener_holds_one_address_to_its_share_too() {
     let (_dir, rules) = rules();
     let (_serve, _http, grpc) = serve(&rules, &["--max-connections-per-ip", "3"]);
-    // spawn_listening's own probe connection has come and gone; wait until its place is back.
-    poll_until(
-        "the gRPC listener served h2",
-        Duration::from_secs(20),
-        || h2_served(&grpc),
-    );
+    // The start's own probe connection has come and gone; wait until its place is back.
+    wait_until("the gRPC listener serves h2", || h2_served(&grpc));
     // As in the HTTP test above: a place given back late can let the fourth in once; only a
     // listener that lets four in every time fails.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut idle = loop {
-        let idle: Vec<TcpStream> = (0..3).map(|_| silent_h2c(&grpc)).collect();
-        if !h2_served(&grpc) {
-            break idle;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a fourth gRPC connection from one address was served every time"
-        );
-    };
-    idle.pop();
-    poll_until(
-        "the freed gRPC place came back",
-        Duration::from_secs(20),
-        || h2_served(&grpc),
+    let mut idle = wait_until(
+        "a fourth gRPC connection from one address is refused",
+        || {
+            let idle: Vec<TcpStream> = (0..3).map(|_| silent_h2c(&grpc)).collect();
+            (!h2_served(&grpc)).then_some(idle)
+        },
     );
+    idle.pop();
+    wait_until("the freed gRPC place comes back", || h2_served(&grpc));
 }
 
 /// How many idle connections the crowd tests hold.
@@ -357,18 +289,7 @@ fn crowd_held_by(pid: u32) -> usize {
 /// waiting in the backlog nor closed for being over a cap.
 fn wait_for_crowd(pid: u32) {
     let what = format!("the server holds the {CROWD} connections of the crowd");
-    poll_until(&what, Duration::from_secs(20), || {
-        crowd_held_by(pid) >= CROWD
-    });
-}
-
-/// Polls `done` until it holds, failing with `what` once `within` has passed.
-fn poll_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(&what, || crowd_held_by(pid) >= CROWD);
 }
 
 /// Sends `GET path` with `Connection: close` on each held connection, and checks that every one
@@ -536,20 +457,12 @@ fn out_of_descriptors_lines(log: &std::path::Path) -> Vec<u64> {
 fn out_of_file_descriptors_pauses_accepting_until_connections_close() {
     let (dir, rules) = rules();
     let log = dir.path().join("serve.log");
-    let (http, grpc) = (free_addr(), free_addr());
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command
-        .args(serve_args(
-            &rules,
-            &http,
-            &grpc,
-            &["--header-timeout", "1h", "--log-format", "json"],
-        ))
-        .env("SLUICE_LOG", "warn")
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::null());
-    let serve = spawn_command_listening(command, &http);
-    let pid = serve.pid();
+    let serve = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        .config(&rules)
+        .args(["--header-timeout", "1h", "--log-format", "json"])
+        .log_to(&log)
+        .start();
+    let (http, pid) = (serve.http().to_owned(), serve.pid());
     let lowered = Instant::now();
     rlimit::prlimit(
         i32::try_from(pid).unwrap(),
@@ -571,9 +484,8 @@ fn out_of_file_descriptors_pauses_accepting_until_connections_close() {
     let mut held: Vec<TcpStream> = (0..FEW_FILES + 100)
         .map(|_| TcpStream::connect(&http).unwrap())
         .collect();
-    poll_until(
+    wait_until(
         "accept fails, is logged, and connections wait in the backlog",
-        Duration::from_secs(20),
         || !out_of_descriptors_lines(&log).is_empty() && accept_backlog(&http) > 0,
     );
     let accepted = sockets_of(pid);
@@ -582,7 +494,7 @@ fn out_of_file_descriptors_pauses_accepting_until_connections_close() {
         assert_eq!(healthz_kept_alive(s), "HTTP/1.1 200 OK");
     }
     // Accepting goes on failing, and is logged again only after a while, with its count.
-    poll_until(
+    wait_within(
         "a second log line counts the failed accepts since the first",
         Duration::from_secs(30),
         || out_of_descriptors_lines(&log).len() >= 2,

@@ -135,7 +135,7 @@ fn clock_store() -> Arc<MemoryStore<FakeClock>> {
 }
 
 async fn service() -> (Server, tempfile::TempDir) {
-    let (path, dir) = sluice_testing::rules_file("rules.yaml", RULES);
+    let (path, dir) = sluice_test_support::rules_file("rules.yaml", RULES);
     let mut options = ServeOptions::new(vec![path]);
     options.http_addr = "127.0.0.1:0".parse().unwrap();
     options.grpc_addr = "127.0.0.1:0".parse().unwrap();

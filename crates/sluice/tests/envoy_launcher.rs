@@ -6,8 +6,8 @@
 //! mode when asked, speaks mutual TLS on gRPC, and names what it does not honour.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry,
@@ -15,8 +15,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use sluice_testing::process::{Spawned, free_addr, spawn_command_listening};
-use sluice_testing::window::LatestWindow;
+use sluice_test_support::window::LatestWindow;
+use sluice_test_support::{Listener, ServeProcess, free_addr};
 use tonic::transport::Channel;
 
 /// Two a day, in envoyproxy/ratelimit's own format: its windows are aligned to the clock, so a
@@ -116,29 +116,6 @@ fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Sends SIGTERM and waits, at most 20 s, for the process to exit.
-fn terminate(process: &mut Spawned) -> ExitStatus {
-    let pid = process.pid().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = process.0.try_wait().unwrap() {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 20 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
     let redis = sluice_redis::testing::shared_server();
@@ -146,7 +123,7 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
     let root = runtime_root();
     let bin = tempfile::tempdir().unwrap();
     let program = ratelimit_symlink(bin.path());
-    let (http, grpc, debug, prometheus) = (free_addr(), free_addr(), free_addr(), free_addr());
+    let (debug, prometheus) = (free_addr(), free_addr());
     let prefix = format!("envoy-env-{}", std::process::id());
     let log = bin.path().join("output.log");
     let vars = [
@@ -154,10 +131,6 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         ("RUNTIME_IGNOREDOTFILES", "true"),
         ("RUNTIME_WATCH_ROOT", "false"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", port(&http)),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", port(&grpc)),
         ("DEBUG_HOST", "127.0.0.1"),
         ("DEBUG_PORT", port(&debug)),
         ("USE_PROMETHEUS", "true"),
@@ -174,7 +147,12 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
         ("TRACING_ENABLED", "true"),
         // USE_STATSD is left at envoyproxy/ratelimit's default, true.
     ];
-    let mut process = spawn_command_listening(command(&program, &[], &vars, &log), &grpc);
+    let mut process = ServeProcess::ratelimit(&program)
+        .envs(vars)
+        .log_to(&log)
+        .ready_on(Listener::Grpc)
+        .start();
+    let (http, grpc) = (process.http().to_owned(), process.grpc().to_owned());
 
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
@@ -246,7 +224,7 @@ async fn started_as_ratelimit_it_runs_on_envoys_variables_alone() {
     let metrics = metrics.text().await.unwrap();
     assert!(metrics.contains("limited"), "{metrics}");
 
-    assert!(terminate(&mut process).success());
+    assert!(process.terminate().success());
     let stderr = std::fs::read_to_string(&log).unwrap();
     let warnings: Vec<&str> = stderr
         .lines()
@@ -314,15 +292,11 @@ async fn serve_envoy_env_speaks_mutual_tls_and_the_global_shadow_mode() {
         write("server.pem", &server.0),
         write("server.key", &server.1),
     );
-    let (http, grpc, debug) = (free_addr(), free_addr(), free_addr());
+    let debug = free_addr();
     let log = dir.path().join("output.log");
     let vars = [
         ("RUNTIME_ROOT", root.path().to_str().unwrap()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", port(&http)),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", port(&grpc)),
         ("DEBUG_HOST", "127.0.0.1"),
         ("DEBUG_PORT", port(&debug)),
         ("USE_STATSD", "false"),
@@ -333,11 +307,14 @@ async fn serve_envoy_env_speaks_mutual_tls_and_the_global_shadow_mode() {
         ("GRPC_SERVER_TLS_KEY", &key_file),
         ("GRPC_CLIENT_TLS_CACERT", &ca_file),
     ];
-    let program = PathBuf::from(env!("CARGO_BIN_EXE_sluice"));
-    let mut process = spawn_command_listening(
-        command(&program, &["serve", "--envoy-env"], &vars, &log),
-        &grpc,
-    );
+    let mut process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        .arg("--envoy-env")
+        .envoy_env()
+        .envs(vars)
+        .log_to(&log)
+        .ready_on(Listener::Grpc)
+        .start();
+    let (http, grpc) = (process.http().to_owned(), process.grpc().to_owned());
 
     // A client without a certificate is refused in the handshake.
     let refused = match tls_client(&grpc, &ca_pem, None).await {
@@ -380,7 +357,7 @@ async fn serve_envoy_env_speaks_mutual_tls_and_the_global_shadow_mode() {
     );
     assert_eq!(day.answers()[3].0, "/json");
 
-    assert!(terminate(&mut process).success());
+    assert!(process.terminate().success());
     let stderr = std::fs::read_to_string(&log).unwrap();
     assert!(!stderr.contains("not honoured"), "{stderr}");
 }

@@ -23,8 +23,10 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 use prost::Message as _;
-use sluice_testing::process::{free_addr, spawn_captured_listening};
-use sluice_testing::window::LatestWindow;
+use sluice_test_support::window::LatestWindow;
+use sluice_test_support::{
+    Listener, ServeBuilder, ServeProcess, eventually_within, free_addr, listening,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -185,20 +187,18 @@ async fn xds_server_with(
     (xds_addr, streams)
 }
 
-/// The binary as `ratelimit` following `xds_addr`, with `extra` variables; its HTTP and gRPC
-/// addresses.
+/// The binary as `ratelimit` following `xds_addr`, with `extra` variables, ready to start; the
+/// directory of its link must outlive it.
 fn ratelimit(
     xds_addr: std::net::SocketAddr,
     extra: &[(&str, &str)],
-) -> (tempfile::TempDir, std::process::Command, String, String) {
+) -> (tempfile::TempDir, ServeBuilder) {
     let dir = tempfile::tempdir().unwrap();
     let program = dir.path().join("ratelimit");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &program).unwrap();
-    let (http, grpc, debug) = (free_addr(), free_addr(), free_addr());
+    let debug = free_addr();
     let port = |a: &str| a.rsplit_once(':').unwrap().1.to_owned();
-    let mut command = std::process::Command::new(&program);
-    command
-        .env_clear()
+    let builder = ServeProcess::ratelimit(&program)
         .envs([
             ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_owned()),
             ("CONFIG_GRPC_XDS_SERVER_URL", xds_addr.to_string()),
@@ -207,17 +207,11 @@ fn ratelimit(
             ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "200ms".to_owned()),
             ("SLUICE_STORE", "memory".to_owned()),
             ("USE_STATSD", "false".to_owned()),
-            ("HOST", "127.0.0.1".to_owned()),
-            ("PORT", port(&http)),
-            ("GRPC_HOST", "127.0.0.1".to_owned()),
-            ("GRPC_PORT", port(&grpc)),
             ("DEBUG_HOST", "127.0.0.1".to_owned()),
             ("DEBUG_PORT", port(&debug)),
         ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    command.envs(extra.iter().copied());
-    (dir, command, http, grpc)
+        .envs(extra.iter().copied());
+    (dir, builder)
 }
 
 async fn health(http: &str) -> u16 {
@@ -233,8 +227,9 @@ async fn health(http: &str) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_force_start_it_serves_once_the_first_rules_load() {
     let (xds_addr, mut streams) = xds_server().await;
-    let (_dir, mut command, _http, grpc) = ratelimit(xds_addr, &[]);
-    let _process = sluice_testing::process::Spawned(command.spawn().unwrap());
+    let (_dir, ratelimit) = ratelimit(xds_addr, &[]);
+    let process = ratelimit.spawn();
+    let grpc = process.grpc();
     let (mut requests, responses) = next("stream", streams.recv()).await;
     request_of(&mut requests).await;
     let bad = vec![config("eg", RateLimitUnit::Unknown, 1)];
@@ -242,18 +237,14 @@ async fn without_force_start_it_serves_once_the_first_rules_load() {
     let nack = request_of(&mut requests).await;
     assert!(nack.error_detail.is_some());
     // Subscribed and answered, yet not serving.
-    assert!(std::net::TcpStream::connect(&grpc).is_err());
+    assert!(!listening(grpc));
     let good = vec![config("eg", RateLimitUnit::Day, 1)];
     responses.send(Ok(response("2", "n2", good))).await.unwrap();
     assert_eq!(request_of(&mut requests).await.version_info, "2");
-    let deadline = std::time::Instant::now() + STEP;
-    while std::net::TcpStream::connect(&grpc).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not serving after the rules loaded"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("it serves once the rules loaded", STEP, || {
+        std::future::ready(listening(grpc))
+    })
+    .await;
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .unwrap();
@@ -267,14 +258,15 @@ async fn without_force_start_it_serves_once_the_first_rules_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_arrive_over_xds_are_acked_nacked_and_followed_across_reconnects() {
     let (xds_addr, mut streams) = xds_server().await;
-    let (_dir, command, http, grpc) = ratelimit(
+    let (_dir, ratelimit) = ratelimit(
         xds_addr,
         &[
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
             ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
         ],
     );
-    let _process = spawn_captured_listening(command, &grpc);
+    let process = ratelimit.ready_on(Listener::Grpc).start();
+    let (http, grpc) = (process.http().to_owned(), process.grpc().to_owned());
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .unwrap();
@@ -393,7 +385,7 @@ async fn envoy_gateways_contract_xds_and_grpc_over_mutual_tls() {
         .identity(Identity::from_pem(&xds_cert, &xds_key))
         .client_ca_root(Certificate::from_pem(&ca.pem));
     let (xds_addr, mut streams) = xds_server_with(Some(tls)).await;
-    let (_dir, command, http, grpc) = ratelimit(
+    let (_dir, ratelimit) = ratelimit(
         xds_addr,
         &[
             ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
@@ -407,8 +399,8 @@ async fn envoy_gateways_contract_xds_and_grpc_over_mutual_tls() {
             ("GRPC_CLIENT_TLS_CACERT", &ca_file),
         ],
     );
-    let mut command = command;
-    let _process = sluice_testing::process::Spawned(command.spawn().unwrap());
+    let process = ratelimit.spawn();
+    let (http, grpc) = (process.http().to_owned(), process.grpc().to_owned());
 
     // The subscription arrives over mutual TLS: the server asked for a client certificate.
     let (mut requests, responses) = next("stream over TLS", streams.recv()).await;
@@ -420,18 +412,11 @@ async fn envoy_gateways_contract_xds_and_grpc_over_mutual_tls() {
         .unwrap();
     assert_eq!(request_of(&mut requests).await.version_info, "1");
 
-    let deadline = std::time::Instant::now() + STEP;
-    let mut client = loop {
-        let connected = sluice_testing::tls::channel(&grpc, &ca.pem, "localhost", Some(&envoy));
-        if let Ok(channel) = connected.await {
-            break RateLimitServiceClient::new(channel);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "gRPC over TLS never served"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let channel = eventually_within("gRPC over TLS serves", STEP, || {
+        sluice_testing::tls::channel(&grpc, &ca.pem, "localhost", Some(&envoy))
+    })
+    .await;
+    let mut client = RateLimitServiceClient::new(channel);
     let mut day = LatestWindow::new();
     assert_eq!(
         codes_in_one_day(&mut client, "eg", &mut day, 2).await,

@@ -6,16 +6,15 @@
 //!
 //! Each test prints the figures it measured.
 
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice_redis::testing::{RedisCluster, RedisServer, eventually, unique_prefix, wait_until};
-use sluice_testing::window::clock_window;
+use sluice_redis::testing::{RedisCluster, RedisServer, unique_prefix};
+use sluice_test_support::window::clock_window;
+use sluice_test_support::{ServeProcess, eventually};
 
 /// The four algorithms the hybrid store holds, each at three limits that do not refill while a
 /// test runs (a unit a minute, or a window of an hour or a month). The sliding counter's windows
@@ -47,44 +46,21 @@ const ALGORITHMS: [&str; 4] = ["token_bucket", "gcra", "fixed_window", "sliding_
 
 /// A `sluice serve` child process, killed by PID when dropped.
 struct Instance {
-    child: Child,
+    _process: ServeProcess,
     http: String,
 }
 
 impl Instance {
     fn start(rules: &Path, store: &str, prefix: &str) -> Instance {
-        let free = || {
-            TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.to_string())
-                .expect("a free port")
-        };
-        let (http, grpc) = (free(), free());
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--http-addr", &http, "--grpc-addr", &grpc])
+        let process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
             .args(["--store", store, "--store-prefix", prefix])
-            .args(["--store-timeout-ms", "200", "--config"])
-            .arg(rules)
-            .env("SLUICE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("sluice starts");
-        let instance = Instance {
-            child,
-            http: format!("http://{http}"),
-        };
-        wait_until("sluice answers", || {
-            std::net::TcpStream::connect(&http).is_ok()
-        });
-        instance
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+            .args(["--store-timeout-ms", "200"])
+            .config(rules)
+            .start();
+        Instance {
+            http: format!("http://{}", process.http()),
+            _process: process,
+        }
     }
 }
 

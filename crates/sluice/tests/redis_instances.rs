@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice_redis::testing::{RedisCluster, RedisServer, eventually, unique_prefix};
-use sluice_testing::process::{Spawned, free_addr, spawn_listening};
-use sluice_testing::window::{LatestWindow, clock_window};
+use sluice_redis::testing::{RedisCluster, RedisServer, unique_prefix};
+use sluice_test_support::window::{LatestWindow, clock_window};
+use sluice_test_support::{
+    ServeProcess, Spawned, eventually, free_addr, rules_file, spawn_listening,
+};
 
 /// Every algorithm with a limit of 50 that does not refill while a test runs.
 const RULES: &str = r#"
@@ -47,44 +49,22 @@ const ALGORITHMS: [&str; 6] = [
 
 /// A `sluice serve` child process, killed by PID when dropped.
 struct Instance {
-    _process: Spawned,
+    _process: ServeProcess,
     http: String,
 }
 
 impl Instance {
     fn start(rules: &Path, store: &str, prefix: &str) -> Instance {
-        let (http, grpc) = (free_addr(), free_addr());
-        let rules = rules.to_str().expect("a UTF-8 temp path");
-        let process = spawn_listening(
-            env!("CARGO_BIN_EXE_sluice"),
-            &[
-                "serve",
-                "--http-addr",
-                &http,
-                "--grpc-addr",
-                &grpc,
-                "--store",
-                store,
-                "--store-prefix",
-                prefix,
-                "--store-timeout-ms",
-                "5000",
-                "--config",
-                rules,
-            ],
-            &http,
-        );
+        let process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+            .args(["--store", store, "--store-prefix", prefix])
+            .args(["--store-timeout-ms", "5000"])
+            .config(rules)
+            .start();
         Instance {
+            http: format!("http://{}", process.http()),
             _process: process,
-            http: format!("http://{http}"),
         }
     }
-}
-
-fn rules_file(dir: &Path) -> std::path::PathBuf {
-    let path = dir.join("rules.yaml");
-    std::fs::write(&path, RULES).expect("rules written");
-    path
 }
 
 fn body(descriptors: &[(&str, &str)]) -> Value {
@@ -169,8 +149,7 @@ async fn remaining(instance: &str, descriptor: (&str, &str)) -> u64 {
 }
 
 async fn exact_across_instances(store: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let rules = rules_file(dir.path());
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
     let prefix = unique_prefix();
     let instances: Vec<Instance> = (0..3)
         .map(|_| Instance::start(&rules, store, &prefix))
@@ -207,8 +186,7 @@ async fn three_instances_on_a_cluster_admit_exactly_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_instance_keeps_its_limits() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let rules = rules_file(dir.path());
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
     let prefix = unique_prefix();
     let first = Instance::start(&rules, &redis.url(), &prefix);
     let n = admitted(
@@ -232,15 +210,12 @@ async fn a_restarted_instance_keeps_its_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_down_answers_follow_on_store_error_and_stay_fast() {
     let mut redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rules.yaml");
-    std::fs::write(
-        &path,
-        // Windows from the first request: one aligned to the clock could end between the checks
-        // that use a limit up and the one that must be refused.
+    // Windows from the first request: one aligned to the clock could end between the checks
+    // that use a limit up and the one that must be refused.
+    let (path, _dir) = rules_file(
+        "rules.yaml",
         "domain: multi\ndescriptors:\n  - key: open\n    rate_limit: {unit: hour, requests_per_unit: 1, alignment: first_request}\n  - key: closed\n    on_store_error: deny\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n  - key: local\n    on_store_error: local\n    rate_limit: {unit: hour, requests_per_unit: 2, alignment: first_request}\n",
-    )
-    .unwrap();
+    );
     let instance = Instance::start(&path, &redis.url(), &unique_prefix());
     let client = sluice_testing::long_lived_client();
     let status = |d: (&'static str, &'static str)| {
@@ -331,9 +306,7 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_redis_cannot_hold_keep_serve_from_starting_on_redis_only() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rules.yaml");
-    std::fs::write(&path, TOO_LONG_FOR_REDIS).unwrap();
+    let (path, _dir) = rules_file("rules.yaml", TOO_LONG_FOR_REDIS);
     let expected = format!(
         "{}:4:17: rule \"per_user\" cannot be held by the redis store: the window of 500d is \
          longer than the redis store can hold for a fixed window (about 417 days",
@@ -382,13 +355,10 @@ async fn rules_redis_cannot_hold_keep_serve_from_starting_on_redis_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_yearly_limit_is_enforced_on_redis() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rules.yaml");
-    std::fs::write(
-        &path,
+    let (path, _dir) = rules_file(
+        "rules.yaml",
         "domain: multi\ndescriptors:\n  - key: user\n    rate_limit: {unit: year, requests_per_unit: 3}\n",
-    )
-    .unwrap();
+    );
     let prefix = unique_prefix();
     let (a, b) = (
         Instance::start(&path, &redis.url(), &prefix),
@@ -422,13 +392,10 @@ async fn a_yearly_limit_is_enforced_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_to_rules_redis_cannot_hold_keeps_the_old_rules() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rules.yaml");
-    std::fs::write(
-        &path,
+    let (path, _dir) = rules_file(
+        "rules.yaml",
         "domain: multi\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1, alignment: first_request}\n",
-    )
-    .unwrap();
+    );
     let instance = Instance::start(&path, &redis.url(), &unique_prefix());
     std::fs::write(&path, TOO_LONG_FOR_REDIS).unwrap();
     let client = sluice_testing::long_lived_client();
@@ -465,10 +432,8 @@ fn sluice_listening(args: &[&str], addr: &str) -> Spawned {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_one_redis_share_a_limit_under_their_prefix() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("gateway.yaml");
-    std::fs::write(
-        &rules,
+    let (rules, _dir) = rules_file(
+        "gateway.yaml",
         "domain: gw
 descriptors:
   - key: client_ip
@@ -477,8 +442,7 @@ routes:
   - path: /api/*
     descriptors: [[{key: client_ip, from: client_ip}]]
 ",
-    )
-    .unwrap();
+    );
     let (upstream, a, b) = (free_addr(), free_addr(), free_addr());
     let _upstream = sluice_listening(&["bench", "upstream", "--listen", &upstream], &upstream);
     let prefix = unique_prefix();
@@ -530,8 +494,7 @@ routes:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_and_flushall_under_load_give_no_error_answers() {
     let redis = Arc::new(RedisServer::start());
-    let dir = tempfile::tempdir().unwrap();
-    let rules = rules_file(dir.path());
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
     let instance = Instance::start(&rules, &redis.url(), &unique_prefix());
     // Flushes alternate for as long as the load runs.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));

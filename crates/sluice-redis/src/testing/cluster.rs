@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::server::RedisServer;
-use super::wait::wait_until;
+use sluice_test_support::wait_until;
 
 /// A 3-master Redis Cluster, with or without one replica per master.
 pub struct RedisCluster {

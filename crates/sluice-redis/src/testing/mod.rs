@@ -5,9 +5,10 @@
 //! `redis-server` and `redis-cli` must be on the `PATH`.
 //!
 //! Each server lives in its own temporary directory, without persistence, and is killed when its
-//! handle drops, or by a watchdog when the test process ends. Tests that need no server of their
-//! own share one ([`shared_server`], [`shared_cluster`]) and keep their counters apart with
-//! [`unique_prefix`].
+//! handle drops, or by a watchdog when the test process ends. Ports, child processes and waits
+//! with a deadline are `sluice-test-support`'s, the layer below every crate's tests. Tests that
+//! need no server of their own share one ([`shared_server`], [`shared_cluster`]) and keep their
+//! counters apart with [`unique_prefix`].
 //!
 //! ```no_run
 //! use sluice_redis::RedisStore;
@@ -25,7 +26,6 @@ mod redis_time;
 mod script;
 mod server;
 mod shared;
-mod wait;
 
 pub use backend::{RedisBackend, cluster_backend, standalone_backend};
 pub use cluster::RedisCluster;
@@ -34,4 +34,3 @@ pub use redis_time::{offset_to_second_start, offset_to_window_start, redis_time_
 pub use script::{check_script, decode_replies, push_check};
 pub use server::RedisServer;
 pub use shared::{shared_cluster, shared_server, test_options, unique_prefix};
-pub use wait::{eventually, wait_until};

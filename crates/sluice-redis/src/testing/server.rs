@@ -6,12 +6,10 @@
 //! (which happens however the process ends), then kills the server and removes its directory.
 
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::time::Duration;
 
-use sluice_core::testing::free_port;
-
-use super::wait::wait_until;
+use sluice_test_support::{Spawned, free_port, wait_until};
 
 /// A `redis-server` child process.
 pub struct RedisServer {
@@ -26,8 +24,8 @@ pub struct RedisServer {
     /// For a server that also speaks TLS: its TLS port (certificates in `dir`).
     pub tls_port: Option<u16>,
     dir: tempfile::TempDir,
-    child: Option<Child>,
-    watchdog: Option<(Child, ChildStdin)>,
+    child: Option<Spawned>,
+    watchdog: Option<(Spawned, ChildStdin)>,
 }
 
 /// What a Cluster node needs beyond a standalone server.
@@ -233,20 +231,21 @@ impl RedisServer {
                 .arg("--cluster-port")
                 .arg(node.bus_port.to_string());
         }
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server runs; install it with ./scripts/test or apt-get");
-        let mut watchdog = Command::new("sh")
-            .arg("-c")
-            .arg(r#"read _; kill -9 "$0" 2>/dev/null; rm -rf "$1""#)
-            .arg(child.id().to_string())
-            .arg(self.dir.path())
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("sh runs");
-        let stdin = watchdog.stdin.take().expect("a piped stdin");
+        let child = Spawned(
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server runs; install it with ./scripts/test or apt-get"),
+        );
+        let mut watchdog = Spawned::spawn(
+            Command::new("sh")
+                .arg("-c")
+                .arg(r#"read _; kill -9 "$0" 2>/dev/null; rm -rf "$1""#)
+                .arg(child.pid().to_string())
+                .arg(self.dir.path())
+                .stdin(Stdio::piped()),
+        );
+        let stdin = watchdog.0.stdin.take().expect("a piped stdin");
         self.child = Some(child);
         self.watchdog = Some((watchdog, stdin));
         wait_until("redis-server answers PING", || {
@@ -261,14 +260,9 @@ impl RedisServer {
 
     /// Kills the server (SIGKILL, no goodbye), keeping its port for [`RedisServer::restart`].
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if let Some((mut watchdog, _stdin)) = self.watchdog.take() {
-            let _ = watchdog.kill();
-            let _ = watchdog.wait();
-        }
+        // Each is killed by PID and reaped as it drops.
+        self.child = None;
+        self.watchdog = None;
     }
 
     /// Starts the server again on the same port, empty.

@@ -36,6 +36,17 @@ pub fn free_port() -> u16 {
     panic!("no free loopback port in {range:?}")
 }
 
+/// A loopback address that was free a moment ago, as `127.0.0.1:PORT`, for a process's
+/// `--*-addr` flag.
+pub fn free_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+/// Whether something accepts connections on `addr` now.
+pub fn listening(addr: &str) -> bool {
+    std::net::TcpStream::connect(addr).is_ok()
+}
+
 /// The next index of this process's walk: it starts at a place chosen by the process id, so
 /// test binaries that run one after another mostly start apart.
 fn next(len: u32) -> u32 {

@@ -38,6 +38,7 @@ impl<T> Default for LatestWindow<T> {
 }
 
 impl<T> LatestWindow<T> {
+    /// No answers yet.
     pub fn new() -> Self {
         Self::default()
     }
@@ -73,6 +74,7 @@ impl<T> LatestWindow<T> {
         self.answers.len()
     }
 
+    /// Whether the latest window holds no answer yet.
     pub fn is_empty(&self) -> bool {
         self.answers.is_empty()
     }

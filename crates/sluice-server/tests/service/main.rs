@@ -1,0 +1,14 @@
+//! The service end to end: a real server on loopback ports, a real gRPC client and a real HTTP
+//! client. Counters live in a memory store on a fake clock, so no test depends on timing.
+//!
+//! One test binary, its tests by feature: Envoy's gRPC protocol (`grpc`), envoyproxy/ratelimit's
+//! answers and settings over gRPC and `/json` (`envoy_compat`), the HTTP API (`http_api`), the
+//! admin endpoints (`admin`), and starting and stopping (`lifecycle`); the server they share and
+//! the calls they repeat are in `harness`.
+
+mod admin;
+mod envoy_compat;
+mod grpc;
+mod harness;
+mod http_api;
+mod lifecycle;
