@@ -41,7 +41,7 @@
 //! assert!(verdicts[1].allowed && !verdicts[2].allowed);
 //! let headers = verdicts[2].headers(HeaderStyle::Ietf);
 //! assert_eq!(headers[0].1, "\"per_user\";q=2;w=60");
-//! assert_eq!(&*verdicts[2].status(0).limit.unwrap().name, "per_user");
+//! assert_eq!(verdicts[2].status(0).limit.unwrap().name(), "per_user");
 //! # }
 //! ```
 
@@ -60,10 +60,10 @@ mod verdict;
 
 pub use sluice_redis::BreakerState;
 
-pub use headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
+pub use headers::{HeaderStyle, retry_after_secs};
 pub use limiter::Limiter;
 pub use metrics::{MAX_DECISION_SERIES, Metrics, OVERFLOW_RULE, Outcome, Snapshot};
 pub use open::{StartError, Watched, log_reloads};
 pub use request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};
 pub use store_url::{OpenStore, StoreSettings, StoreUrlError};
-pub use verdict::{DescriptorStatus, LimitResult, Verdict};
+pub use verdict::{DescriptorStatus, LimitResult, Verdict, tightest};
