@@ -99,16 +99,13 @@ impl Enforcer {
                 return Enforcement::Forward(pass_headers(&verdict, ex.style));
             }
             let denied: Vec<&LimitResult> = verdict.refusing().collect();
-            if let Some(fake) = denied.iter().find_map(|c| match c.rule.as_deref() {
-                Some(r) => match &r.action {
-                    Action::Fake {
-                        status,
-                        content_type,
-                        body,
-                    } => Some((*status, content_type, body)),
-                    _ => None,
-                },
-                None => None,
+            if let Some(fake) = denied.iter().find_map(|c| match &c.rule.action {
+                Action::Fake {
+                    status,
+                    content_type,
+                    body,
+                } => Some((*status, content_type, body)),
+                _ => None,
             }) {
                 return Enforcement::Respond(fake_response(fake.0, fake.1, fake.2));
             }
@@ -141,14 +138,14 @@ fn delay_wait(denied: &[&LimitResult]) -> Option<DelayWait> {
     let mut retry = Duration::ZERO;
     let mut max_wait = Duration::MAX;
     for c in denied {
-        let Some(Action::Delay { max_wait: m }) = c.rule.as_deref().map(|r| &r.action) else {
+        let Action::Delay { max_wait: m } = &c.rule.action else {
             return None;
         };
         if c.decision.retry_after == Decision::NEVER {
             return None;
         }
         retry = retry.max(c.decision.retry_after);
-        max_wait = max_wait.min(m.unwrap_or_else(|| c.policy.window()));
+        max_wait = max_wait.min(m.unwrap_or_else(|| c.policy().window()));
     }
     (!denied.is_empty()).then_some(DelayWait { retry, max_wait })
 }
@@ -159,7 +156,7 @@ fn log_shadow(domain: &str, verdict: &Verdict) {
         .iter()
         .filter(|c| !c.enforced() && !c.decision.allowed)
     {
-        tracing::info!(domain, rule = %c.name, key = %c.key, "shadow or soft limit exceeded; request passed");
+        tracing::info!(domain, rule = %c.name(), key = %c.key, "shadow or soft limit exceeded; request passed");
     }
 }
 
@@ -169,12 +166,12 @@ fn pass_headers(verdict: &Verdict, style: HeaderStyle) -> Vec<(HeaderName, Heade
     let mut out = verdict.headers(style);
     out.retain(|(k, _)| k != RETRY_AFTER);
     for c in verdict.limits.iter().filter(|c| !c.decision.allowed) {
-        let Some(Action::Soft { header }) = c.rule.as_deref().map(|r| &r.action) else {
+        let Action::Soft { header } = &c.rule.action else {
             continue;
         };
         let name = HeaderName::from_bytes(header.as_bytes())
             .unwrap_or_else(|_| HeaderName::from_static("x-ratelimit-warning"));
-        let mut value = format!("limit \"{}\" exceeded", sanitize(&c.name));
+        let mut value = format!("limit \"{}\" exceeded", sanitize(c.name()));
         if let Some(secs) = retry_after_secs(&c.decision) {
             value.push_str(&format!("; retry after {secs}s"));
         }
@@ -198,7 +195,7 @@ fn sanitize(name: &str) -> String {
 /// `429 Too Many Requests` with the rate-limit fields, `Retry-After` and an
 /// `application/problem+json` body naming the violated policies.
 pub fn reject(verdict: &Verdict, style: HeaderStyle, why: &str) -> Response<Full<Bytes>> {
-    let violated: Vec<&str> = verdict.refusing().map(|c| &*c.name).collect();
+    let violated: Vec<&str> = verdict.refusing().map(LimitResult::name).collect();
     let retry = verdict.retry_after_secs();
     let detail = match (why, retry) {
         ("queue_full", _) => {

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use http::HeaderValue;
 use http::header::{HeaderName, RETRY_AFTER};
-use sluice_core::{Decision, Policy};
+use sluice_core::Decision;
 
-use crate::verdict::restriction;
+use crate::verdict::{LimitResult, tightest};
 
 /// Which rate-limit fields an answer carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,37 +47,6 @@ static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-
-/// One limit that applied to a request, with its decision.
-#[derive(Debug, Clone, Copy)]
-pub struct Quota<'a> {
-    /// The policy's name in the fields: the rule's name or path.
-    pub name: &'a str,
-    /// The policy, for its window.
-    pub policy: &'a Policy,
-    /// What the store decided.
-    pub decision: &'a Decision,
-    /// Whether a denial refuses the request; a soft limit's does not. A refusal outranks any
-    /// other denial in choosing the tightest quota, and only a refusal gets `Retry-After`.
-    pub enforced: bool,
-}
-
-impl<'a> Quota<'a> {
-    /// A quota named `name`.
-    pub fn new(name: &'a str, policy: &'a Policy, decision: &'a Decision) -> Self {
-        Quota {
-            name,
-            policy,
-            decision,
-            enforced: true,
-        }
-    }
-
-    /// The same quota, enforced or not.
-    pub fn enforced(self, enforced: bool) -> Self {
-        Quota { enforced, ..self }
-    }
-}
 
 /// Whole seconds, rounded up, so a client that waits that long is never early.
 fn ceil_secs(d: Duration) -> u64 {
@@ -119,57 +88,52 @@ fn push_sf_string(out: &mut String, name: &str) {
     out.push('"');
 }
 
-/// The headers for a request that `quotas` applied to, in `style`. The legacy fields describe
-/// the tightest quota, by the one ordering the verdict uses too; the IETF fields list every one.
-/// A refusal also gets `Retry-After`.
-pub fn rate_limit_headers(
-    quotas: &[Quota<'_>],
+/// The headers for a request that `shown` limits applied to, in `style`. The legacy fields
+/// describe the tightest limit, by the one ordering the verdict uses too; the IETF fields list
+/// every one. A refusal also gets `Retry-After`. `shown` is walked more than once rather than
+/// collected: these are built for every answer.
+pub(crate) fn rate_limit_headers<'a>(
+    shown: impl Iterator<Item = &'a LimitResult> + Clone,
     style: HeaderStyle,
 ) -> Vec<(HeaderName, HeaderValue)> {
     let mut out = Vec::with_capacity(4);
-    let Some(tightest) = quotas.iter().copied().reduce(|a, b| {
-        if restriction(b.enforced, b.decision) > restriction(a.enforced, a.decision) {
-            b
-        } else {
-            a
-        }
-    }) else {
+    let Some(tightest) = tightest(shown.clone(), |l| l.restriction()) else {
         return out;
     };
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
         // Sized for the usual names and numbers, so that neither grows on the way: these are
         // built for every answer.
-        let capacity = quotas.iter().map(|q| q.name.len() + 32).sum();
+        let capacity = shown.clone().map(|l| l.name().len() + 32).sum();
         let (mut policy, mut state) = (
             String::with_capacity(capacity),
             String::with_capacity(capacity),
         );
-        for (i, q) in quotas.iter().enumerate() {
+        for (i, l) in shown.enumerate() {
             if i > 0 {
                 policy.push_str(", ");
                 state.push_str(", ");
             }
-            push_sf_string(&mut policy, q.name);
+            push_sf_string(&mut policy, l.name());
             policy.push_str(";q=");
-            push_u64(&mut policy, q.decision.limit);
+            push_u64(&mut policy, l.decision.limit);
             policy.push_str(";w=");
-            push_u64(&mut policy, ceil_secs(q.policy.window()));
-            push_sf_string(&mut state, q.name);
+            push_u64(&mut policy, ceil_secs(l.policy().window()));
+            push_sf_string(&mut state, l.name());
             state.push_str(";r=");
-            push_u64(&mut state, q.decision.remaining);
+            push_u64(&mut state, l.decision.remaining);
             state.push_str(";t=");
-            push_u64(&mut state, ceil_secs(q.decision.reset_after));
+            push_u64(&mut state, ceil_secs(l.decision.reset_after));
         }
         push(&mut out, &RATELIMIT_POLICY, policy);
         push(&mut out, &RATELIMIT, state);
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        let d = tightest.decision;
+        let d = &tightest.decision;
         push_number(&mut out, &X_RATELIMIT_LIMIT, d.limit);
         push_number(&mut out, &X_RATELIMIT_REMAINING, d.remaining);
         push_number(&mut out, &X_RATELIMIT_RESET, ceil_secs(d.reset_after));
     }
-    if let Some(secs) = retry_after_secs(tightest.decision).filter(|_| tightest.enforced) {
+    if let Some(secs) = retry_after_secs(&tightest.decision).filter(|_| tightest.enforced()) {
         out.push((RETRY_AFTER, HeaderValue::from(secs)));
     }
     out
@@ -195,7 +159,21 @@ fn push_number(out: &mut Vec<(HeaderName, HeaderValue)>, name: &HeaderName, n: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::{Alignment, FixedWindow, Rate, TokenBucket};
+    use crate::metrics::Outcome;
+    use crate::verdict::tests_support::rule;
+    use sluice_core::{Alignment, FixedWindow, Policy, Rate, TokenBucket};
+    use sluice_rules::Mode;
+
+    /// An enforced limit named `name` of `policy` that decided `decision`.
+    fn limit(name: &str, policy: &Policy, decision: &Decision) -> LimitResult {
+        LimitResult {
+            descriptor: 0,
+            key: name.to_owned(),
+            rule: rule(name, policy.clone(), Mode::Enforce),
+            decision: *decision,
+            outcome: Outcome::Allowed,
+        }
+    }
 
     fn decision(allowed: bool, remaining: u64, reset_ms: u64, retry_ms: u64) -> Decision {
         Decision {
@@ -218,11 +196,8 @@ mod tests {
             decision(true, 9, 100, 0),
             decision(false, 0, 7_200_000, 3_600_500),
         );
-        let quotas = [
-            Quota::new("burst", &burst, &a),
-            Quota::new("da\"y", &day, &b),
-        ];
-        let headers = rate_limit_headers(&quotas, HeaderStyle::Both);
+        let quotas = [limit("burst", &burst, &a), limit("da\"y", &day, &b)];
+        let headers = rate_limit_headers(quotas.iter(), HeaderStyle::Both);
         let get = |n: &str| {
             headers
                 .iter()
@@ -253,13 +228,13 @@ mod tests {
 
     #[test]
     fn no_quota_means_no_fields_and_never_means_no_retry_after() {
-        assert!(rate_limit_headers(&[], HeaderStyle::Both).is_empty());
+        assert!(rate_limit_headers([].iter(), HeaderStyle::Both).is_empty());
         let p = Policy::from(TokenBucket::new(1, Rate::per_second(1)).unwrap());
         let never = Decision {
             retry_after: Decision::NEVER,
             ..decision(false, 0, 0, 0)
         };
-        let headers = rate_limit_headers(&[Quota::new("x", &p, &never)], HeaderStyle::None);
+        let headers = rate_limit_headers([limit("x", &p, &never)].iter(), HeaderStyle::None);
         assert!(headers.is_empty());
         assert_eq!(
             "legacy".parse::<HeaderStyle>().unwrap(),

@@ -44,7 +44,7 @@
 //! assert!(verdicts[1].allowed && !verdicts[2].allowed);
 //! let headers = verdicts[2].headers(HeaderStyle::Ietf);
 //! assert_eq!(headers[0].1, "\"per_user\";q=2;w=60");
-//! assert_eq!(&*verdicts[2].status(0).limit.unwrap().name, "per_user");
+//! assert_eq!(verdicts[2].status(0).limit.unwrap().name(), "per_user");
 //! # }
 //! ```
 
@@ -62,7 +62,7 @@ mod request;
 mod store_telemetry;
 mod verdict;
 
-pub use headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
+pub use headers::{HeaderStyle, retry_after_secs};
 pub use limiter::Limiter;
 pub use metrics::{MAX_DECISION_SERIES, Metrics, OVERFLOW_RULE, Outcome, Snapshot};
 pub use open::{StartError, Watched, log_reloads};
@@ -70,4 +70,4 @@ pub use open_store::{OpenStore, StoreOpenError};
 pub use request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};
 pub use sluice_core::BreakerState;
 pub use store_telemetry::{NoTelemetry, StoreTelemetry};
-pub use verdict::{DescriptorStatus, LimitResult, Verdict};
+pub use verdict::{DescriptorStatus, LimitResult, Verdict, tightest};

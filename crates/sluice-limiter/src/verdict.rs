@@ -10,27 +10,19 @@ use http::{HeaderName, HeaderValue};
 use sluice_core::{Decision, Policy};
 use sluice_rules::{Mode, Rule};
 
-use crate::headers::{HeaderStyle, Quota, rate_limit_headers, retry_after_secs};
+use crate::headers::{HeaderStyle, rate_limit_headers, retry_after_secs};
 use crate::metrics::Outcome;
 
-/// How one limit of a request was decided.
+/// How one limit of a request was decided: the rule that limits it, and the store's answer.
 #[derive(Debug, Clone)]
 pub struct LimitResult {
     /// Which descriptor it belongs to.
     pub descriptor: usize,
     /// The counter key.
     pub key: String,
-    /// The name for headers and metrics: the rule's `name`, else its path.
-    pub name: Arc<str>,
-    /// The policy.
-    pub policy: Arc<Policy>,
-    /// The rule, absent for a per-request override.
-    pub rule: Option<Arc<Rule>>,
-    /// How a denial counts. A per-request override is enforced.
-    pub mode: Mode,
-    /// Envoy's `quota_mode`: this limit's denial refuses the request only when every quota
-    /// descriptor of the request is refused.
-    pub quota: bool,
+    /// The rule: its policy, mode, name and action. A per-request override is a rule made for
+    /// the request ([`Rule::is_standalone`]), enforced and named `override`.
+    pub rule: Arc<Rule>,
     /// The store's answer (or the fallback's).
     pub decision: Decision,
     /// What it counts as.
@@ -38,9 +30,24 @@ pub struct LimitResult {
 }
 
 impl LimitResult {
+    /// The name for headers and metrics: the rule's `name`, else its path.
+    pub fn name(&self) -> &str {
+        self.rule.label()
+    }
+
+    /// The algorithm and its parameters.
+    pub fn policy(&self) -> &Policy {
+        &self.rule.policy
+    }
+
+    /// How a denial counts.
+    pub fn mode(&self) -> Mode {
+        self.rule.mode
+    }
+
     /// Whether a denial on this limit refuses the request (it is neither shadow nor soft).
     pub fn enforced(&self) -> bool {
-        self.mode.enforces()
+        self.mode().enforces()
     }
 
     /// Whether this limit refuses the request.
@@ -51,12 +58,21 @@ impl LimitResult {
     /// Whether this limit shows in the answer's rate-limit fields: every limit but a shadow one,
     /// which is a dark launch and must stay invisible.
     pub fn shown(&self) -> bool {
-        self.mode.shown()
+        self.mode().shown()
     }
 
-    /// The limit as the header renderer takes it.
-    pub fn quota(&self) -> Quota<'_> {
-        Quota::new(&self.name, &self.policy, &self.decision).enforced(self.enforced())
+    /// How much this limit restricts the request, larger meaning tighter. This is the one
+    /// ordering of "tightest": a limit that refuses the request first, then any denial, then
+    /// the longer wait, then the fewer remaining.
+    pub(crate) fn restriction(&self) -> impl Ord + use<> {
+        let d = &self.decision;
+        (
+            self.refuses(),
+            !d.allowed,
+            d.retry_after,
+            d.delay,
+            Reverse(d.remaining),
+        )
     }
 }
 
@@ -100,8 +116,9 @@ impl Verdict {
 
     /// Descriptor `i`'s status.
     pub fn status(&self, i: usize) -> DescriptorStatus<'_> {
-        let limit = tightest(self.for_descriptor(i).filter(|c| c.shown()))
-            .or_else(|| tightest(self.for_descriptor(i)));
+        let by_restriction = |l: &&LimitResult| l.restriction();
+        let limit = tightest(self.for_descriptor(i).filter(|c| c.shown()), by_restriction)
+            .or_else(|| tightest(self.for_descriptor(i), by_restriction));
         DescriptorStatus {
             refused: self.for_descriptor(i).any(LimitResult::refuses),
             limit,
@@ -110,14 +127,13 @@ impl Verdict {
 
     /// The tightest of the limits shown: the one the legacy fields describe.
     pub fn tightest_shown(&self) -> Option<&LimitResult> {
-        tightest(self.shown())
+        tightest(self.shown(), |l| l.restriction())
     }
 
     /// The rate-limit fields of the answer in `style`: every shown limit in the IETF fields, the
     /// tightest in the legacy ones, and `Retry-After` when the request is refused.
     pub fn headers(&self, style: HeaderStyle) -> Vec<(HeaderName, HeaderValue)> {
-        let quotas: Vec<Quota<'_>> = self.shown().map(LimitResult::quota).collect();
-        rate_limit_headers(&quotas, style)
+        rate_limit_headers(self.limits.iter().filter(|c| c.shown()), style)
     }
 
     /// How long a refused request should wait, in whole seconds: the longest wait among the
@@ -129,28 +145,29 @@ impl Verdict {
     }
 }
 
-/// How much a limit restricts a request, larger meaning tighter. This is the one ordering of
-/// "tightest": a limit that refuses the request first, then any denial, then the longer wait,
-/// then the fewer remaining.
-pub(crate) fn restriction(enforced: bool, d: &Decision) -> impl Ord {
-    (
-        enforced && !d.allowed,
-        !d.allowed,
-        d.retry_after,
-        d.delay,
-        Reverse(d.remaining),
-    )
-}
-
-/// The tightest of `limits`; of equals, the first.
-fn tightest<'a>(limits: impl Iterator<Item = &'a LimitResult>) -> Option<&'a LimitResult> {
-    limits.reduce(|a, b| {
-        if restriction(b.enforced(), &b.decision) > restriction(a.enforced(), &a.decision) {
-            b
-        } else {
-            a
+/// The tightest of `items`, the one whose `restriction` is largest; of equals, the first. The
+/// one reduce every "which is tightest" question goes through: a verdict's limits by
+/// `LimitResult::restriction`, the rate-limit fields' too, and Envoy's service-wide headers
+/// (sluice-server's `compat.rs`) by envoyproxy/ratelimit's order of descriptor statuses.
+///
+/// ```
+/// use sluice_limiter::tightest;
+///
+/// let waits = [("a", 3), ("b", 7), ("c", 7)];
+/// assert_eq!(tightest(waits, |(_, wait)| *wait), Some(("b", 7)));
+/// ```
+pub fn tightest<T, K: Ord>(
+    items: impl IntoIterator<Item = T>,
+    restriction: impl Fn(&T) -> K,
+) -> Option<T> {
+    let mut best: Option<(K, T)> = None;
+    for item in items {
+        let r = restriction(&item);
+        if best.as_ref().is_none_or(|(b, _)| r > *b) {
+            best = Some((r, item));
         }
-    })
+    }
+    best.map(|(_, item)| item)
 }
 
 #[cfg(test)]
@@ -162,16 +179,11 @@ mod tests {
     use super::*;
 
     fn limit(name: &str, mode: Mode, allowed: bool, remaining: u64, retry_s: u64) -> LimitResult {
+        let policy = Policy::from(TokenBucket::new(10, Rate::per_second(10)).unwrap());
         LimitResult {
             descriptor: 0,
             key: name.to_owned(),
-            name: Arc::from(name),
-            policy: Arc::new(Policy::from(
-                TokenBucket::new(10, Rate::per_second(10)).unwrap(),
-            )),
-            rule: None,
-            mode,
-            quota: false,
+            rule: tests_support::rule(name, policy, mode),
             decision: Decision {
                 allowed,
                 limit: 10,
@@ -197,8 +209,8 @@ mod tests {
         };
         let status = verdict.status(0);
         assert!(status.refused);
-        assert_eq!(&*status.limit.unwrap().name, "burst");
-        assert_eq!(&*verdict.tightest_shown().unwrap().name, "burst");
+        assert_eq!(status.limit.unwrap().name(), "burst");
+        assert_eq!(verdict.tightest_shown().unwrap().name(), "burst");
         let headers = verdict.headers(HeaderStyle::Both);
         let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
         // The legacy fields and Retry-After describe the limit the status names; the shadow
@@ -219,9 +231,38 @@ mod tests {
         };
         let status = verdict.status(0);
         assert!(!status.refused);
-        assert_eq!(&*status.limit.unwrap().name, "dark");
+        assert_eq!(status.limit.unwrap().name(), "dark");
         assert!(verdict.headers(HeaderStyle::Both).is_empty());
         assert_eq!(verdict.retry_after_secs(), None);
         assert!(verdict.status(1).limit.is_none());
+    }
+}
+
+/// Rules made in code for the crate's unit tests.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use std::sync::Arc;
+
+    use sluice_core::Policy;
+    use sluice_rules::{Action, LimitConfig, Location, Mode, OnStoreError, Rule};
+
+    /// A standalone rule named `name` of `policy`, counting its denials as `mode` says.
+    pub(crate) fn rule(name: &str, policy: Policy, mode: Mode) -> Arc<Rule> {
+        let action = match mode {
+            Mode::Soft => Action::Soft {
+                header: "x-warning".to_owned(),
+            },
+            Mode::Enforce | Mode::Shadow => Action::Reject,
+        };
+        let limit = LimitConfig {
+            name: Some(Arc::from(name)),
+            policy: Arc::new(policy),
+            replaces: Vec::new(),
+            action,
+            shadow: mode == Mode::Shadow,
+            on_store_error: OnStoreError::Allow,
+            location: Location::start_of(Arc::from("test.yaml")),
+        };
+        Arc::new(Rule::standalone(limit, Arc::from(name)))
     }
 }

@@ -9,8 +9,8 @@
 //! - [`RuleSet`] loads files and directories. Every error names `file:line:col` and says what to
 //!   do, and all errors of a load are reported together.
 //! - [`RuleSet::checks`] turns a request's descriptors into [`MatchedCheck`]s: a counter key, a
-//!   shared [`sluice_core::Policy`], a cost and the rule's action, ready for
-//!   [`sluice_core::Store::check`].
+//!   cost and the shared [`Rule`] (the limit: its policy, mode and action), ready for
+//!   [`sluice_core::Store::check`]. The rule goes on to the decision's result unchanged.
 //! - [`Reloader`] keeps a rule set current as its files change, swapping it atomically and
 //!   keeping the old one when the new files are invalid, or hold a rule the store cannot
 //!   ([`RuleSet::check_supported`]).

@@ -20,41 +20,33 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use sluice_core::{Check, Policy};
+use sluice_core::Check;
 
-use crate::error::Location;
 use crate::key::{KEY_SUFFIX_LEN, close_key, policy_id, push_encoded};
 
 /// The matcher's maps hash only strings from rule files on insert, and request strings on
 /// lookup, which cannot grow a chain; a fast hasher is safe here and halves a lookup's cost.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-use crate::model::{
-    Action, DescriptorConfig, DomainConfig, LimitConfig, Metadata, Mode, OnStoreError, ValueMatch,
-};
+use crate::model::{DescriptorConfig, DomainConfig, LimitConfig, Metadata, Mode, ValueMatch};
 
-/// One limit as the matcher hands it out: the rule's policy and everything a front end needs to
-/// act on its decision. Shared (`Arc`) between the rule set and every check it produces.
+/// One limit as the matcher hands it out: the limit as its file states it, placed in its domain
+/// (its path, mode and its descriptor's settings). Shared (`Arc`) between the rule set, every
+/// check it produces and every result of a decision, so that one type carries a limit from the
+/// rule file to the answer and nothing downstream copies its policy, mode or name.
+///
+/// A rule reads as its limit: `rule.policy`, `rule.action`, `rule.name` are [`Rule::limit`]'s,
+/// through `Deref`.
 #[derive(Debug)]
 pub struct Rule {
-    /// The algorithm and its parameters.
-    pub policy: Arc<Policy>,
-    /// Envoy's `name`, for `replaces` and metrics.
-    pub name: Option<Arc<str>>,
-    /// What a denied request gets.
-    pub action: Action,
-    /// Whether a denial is only recorded, the request passing anyway.
-    pub shadow: bool,
+    /// The limit: its policy, name, action, `shadow`, `on_store_error`, location and `replaces`.
+    pub limit: LimitConfig,
     /// How its denials count: enforced, shadow or soft, from `shadow` and `action`.
     pub mode: Mode,
-    /// What happens when the store fails.
-    pub on_store_error: OnStoreError,
     /// Envoy's `detailed_metric`: label metrics with the request's values, not only the rule.
     pub detailed_metric: bool,
     /// The rule's path in its domain, such as `api/user/path=/login`: a stable, bounded label
     /// for metrics that does not grow with request values.
     pub path: Arc<str>,
-    /// Where the limit is written, for logs that point the operator at the file.
-    pub location: Location,
     /// Envoy's `quota_mode`: a denial refuses the request only when every quota descriptor
     /// of the request is denied.
     pub quota: bool,
@@ -65,14 +57,55 @@ pub struct Rule {
     /// `value_to_metric` puts request values in it; `None` when the label is [`Rule::path`]
     /// (or the name).
     metric_parts: Option<Box<[LabelPart]>>,
-    replaces: Vec<Arc<str>>,
+    /// The policy's part of counter keys; empty for a standalone rule, whose key its maker
+    /// builds.
     policy_id: String,
+    /// Made in code for one use ([`Rule::standalone`]), not part of a rule set.
+    standalone: bool,
+}
+
+impl std::ops::Deref for Rule {
+    type Target = LimitConfig;
+
+    fn deref(&self) -> &LimitConfig {
+        &self.limit
+    }
 }
 
 impl Rule {
+    /// A rule outside any rule set, for a limit made in code rather than read from a file, such
+    /// as Envoy's per-request `limit` override: labelled `path`, with none of a descriptor's
+    /// settings (no quota mode, metadata or per-value metric labels). Its counter key is its
+    /// maker's to build.
+    pub fn standalone(limit: LimitConfig, path: Arc<str>) -> Rule {
+        Rule {
+            mode: Mode::of(&limit.action, limit.shadow),
+            limit,
+            detailed_metric: false,
+            path,
+            quota: false,
+            metadata: None,
+            metric_parts: None,
+            policy_id: String::new(),
+            standalone: true,
+        }
+    }
+
+    /// Whether the rule was made by [`Rule::standalone`]: it belongs to no rule set, so its
+    /// address names no rule beyond its own short life and nothing may be cached by it.
+    pub fn is_standalone(&self) -> bool {
+        self.standalone
+    }
+
+    /// The name the rate-limit fields and metrics show: the limit's `name`, else the rule's
+    /// path.
+    pub fn label(&self) -> &str {
+        self.limit.name.as_deref().unwrap_or(&self.path)
+    }
+
     /// The limits this one removes from a request.
     pub fn replaces(&self) -> &[Arc<str>] {
-        &self.replaces
+        &self.limit.replaces
     }
 
     /// The metric label of a decision on `descriptor` (a request descriptor this rule
@@ -131,7 +164,8 @@ pub struct MatchedCheck {
     pub key: String,
     /// How many units the request takes.
     pub cost: u64,
-    /// The matched rule.
+    /// The rule that limits it: the matched one, or one made for the request
+    /// ([`Rule::standalone`]).
     pub rule: Arc<Rule>,
 }
 
@@ -442,16 +476,11 @@ fn compile_limit(
         metadata: d.metadata.clone(),
         metric_parts,
         policy_id: policy_id(&l.policy),
-        policy: l.policy.clone(),
-        name: l.name.clone(),
-        action: l.action.clone(),
-        shadow: l.shadow,
         mode: Mode::of(&l.action, l.shadow),
-        on_store_error: l.on_store_error,
+        limit: l.clone(),
         detailed_metric: d.detailed_metric,
         path,
-        location: l.location.clone(),
-        replaces: l.replaces.clone(),
+        standalone: false,
     }
 }
 
@@ -504,13 +533,13 @@ pub(crate) fn match_request<D: DescriptorEntries>(
         }
         out.checks
             .push(matched(i, close_key(identity, &last.policy_id), cost, last));
-        any_replaces |= node.limits.iter().any(|r| !r.replaces.is_empty());
+        any_replaces |= node.limits.iter().any(|r| !r.replaces().is_empty());
     }
     if any_replaces {
         let replaced: HashSet<&str> = out
             .checks
             .iter()
-            .flat_map(|c| c.rule.replaces.iter().map(|r| &**r))
+            .flat_map(|c| c.rule.replaces().iter().map(|r| &**r))
             .collect();
         let keep: Vec<bool> = out
             .checks

@@ -250,7 +250,7 @@ impl RuleSet {
             .rules()
             .filter_map(|rule| {
                 let unsupported = supports(&rule.policy).err()?;
-                let name = rule.name.as_deref().unwrap_or(&rule.path);
+                let name = rule.label();
                 Some(ConfigError::new(
                     rule.location.clone(),
                     ErrorKind::Unsupported {

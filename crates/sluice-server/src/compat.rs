@@ -3,9 +3,12 @@
 //! `LIMIT_RESPONSE_HEADERS_ENABLED`, and the global shadow mode of `SHADOW_MODE`. The gRPC
 //! service and `/json` both finish their answer here, so they cannot drift apart.
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use std::cmp::Reverse;
 
-use crate::envoy::{Code, RateLimitResponse};
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use sluice_limiter::tightest;
+
+use crate::envoy::{Code, DescriptorStatus, RateLimitResponse};
 
 /// Service-wide settings of the Envoy surfaces.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,23 +67,15 @@ impl EnvoyAnswers {
     }
 }
 
-/// The three headers for the descriptor closest to its limit: a refused descriptor (the last
-/// one, when several are), else the one with a limit and the least remaining (the first of
-/// equals). None when no descriptor has a limit.
+/// The three headers for the descriptor closest to its limit, by envoyproxy/ratelimit's order
+/// ([`closeness`]). None when no descriptor has a limit.
 fn limit_headers(response: &RateLimitResponse, names: &LimitHeaderNames) -> Vec<HeaderValue> {
-    let refused = response
+    let with_limit = response
         .statuses
         .iter()
-        .rev()
-        .find(|s| s.code == Code::OverLimit as i32 && s.current_limit.is_some());
-    let closest = refused.or_else(|| {
-        response
-            .statuses
-            .iter()
-            .filter(|s| s.current_limit.is_some())
-            .min_by_key(|s| s.limit_remaining)
-    });
-    let Some(status) = closest else {
+        .enumerate()
+        .filter(|(_, s)| s.current_limit.is_some());
+    let Some((_, status)) = tightest(with_limit, |(i, s)| closeness(*i, s)) else {
         return Vec::new();
     };
     let limit = status
@@ -101,6 +96,19 @@ fn limit_headers(response: &RateLimitResponse, names: &LimitHeaderNames) -> Vec<
         header(&names.remaining, status.limit_remaining.to_string()),
         header(&names.reset, reset.to_string()),
     ]
+}
+
+/// How close the status of descriptor `i` is to its limit, larger meaning closer, as
+/// envoyproxy/ratelimit orders them for its headers: a refused descriptor, the later the closer
+/// (Envoy keeps the last one), then the fewer remaining (the first of equals, as every
+/// [`tightest`] keeps).
+fn closeness(i: usize, status: &DescriptorStatus) -> impl Ord + use<> {
+    let refused = status.code == Code::OverLimit as i32;
+    (
+        refused,
+        refused.then_some(i),
+        Reverse(status.limit_remaining),
+    )
 }
 
 #[cfg(test)]

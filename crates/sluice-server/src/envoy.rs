@@ -106,14 +106,9 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
                 Some(c) => DescriptorStatus {
                     code,
                     current_limit: Some(RateLimit {
-                        name: c
-                            .rule
-                            .as_ref()
-                            .and_then(|r| r.name.as_deref())
-                            .unwrap_or_default()
-                            .to_owned(),
+                        name: c.rule.name.as_deref().unwrap_or_default().to_owned(),
                         requests_per_unit: u32::try_from(c.decision.limit).unwrap_or(u32::MAX),
-                        unit: envoy_unit(c.policy.window()) as i32,
+                        unit: envoy_unit(c.policy().window()) as i32,
                     }),
                     limit_remaining: if c.decision.allowed {
                         u32::try_from(c.decision.remaining).unwrap_or(u32::MAX)

@@ -53,7 +53,7 @@ pub fn dynamic_metadata(hits_addend: u32, request: &LimitRequest, verdict: &Verd
         }
         let rule_metadata = verdict
             .for_descriptor(i)
-            .find_map(|l| l.rule.as_ref().and_then(|r| r.metadata.clone()));
+            .find_map(|l| l.rule.metadata.clone());
         if let Some(m) = rule_metadata {
             merge(&mut passed, &to_struct(&m));
         }

@@ -20,18 +20,18 @@ pub(super) async fn answer(state: &ApiState, body: impl ApiBody) -> Result<Respo
                 .for_descriptor(i)
                 .map(|c| {
                     json!({
-                        "name": &*c.name,
+                        "name": c.name(),
                         "key": c.key,
-                        "algorithm": c.policy.algorithm().name(),
+                        "algorithm": c.policy().algorithm().name(),
                         "outcome": c.outcome.name(),
                         "allowed": c.decision.allowed,
                         "limit": c.decision.limit,
                         "remaining": c.decision.remaining,
-                        "window": c.policy.window().as_secs_f64(),
+                        "window": c.policy().window().as_secs_f64(),
                         "reset_after": secs(c.decision.reset_after),
                         "retry_after": secs(c.decision.retry_after),
                         "delay": secs(c.decision.delay),
-                        "action": c.rule.as_ref().map_or("reject", |r| r.action.name()),
+                        "action": c.rule.action.name(),
                     })
                 })
                 .collect();
@@ -39,7 +39,7 @@ pub(super) async fn answer(state: &ApiState, body: impl ApiBody) -> Result<Respo
             json!({
                 "allowed": !status.refused,
                 "unlimited": verdict.unlimited.contains(&i),
-                "tightest": status.limit.map(|c| &*c.name),
+                "tightest": status.limit.map(|c| c.name()),
                 "limits": limits,
             })
         })

@@ -1,0 +1,280 @@
+//! The second step of a decision: the store's answer to each planned check. Enforced limits go
+//! to the store together, all or nothing; shadow and soft limits go separately, so that one of
+//! them refusing never stops a passing request from being counted. Envoy's `quota_mode` drops
+//! the quota descriptors that refuse and checks the rest again, and Envoy's per-descriptor
+//! `hits_addend` is counted Envoy's way (`envoy_hits.rs`). When the store fails, each rule's
+//! `on_store_error` decides (`sluice_core::decide_without_store`).
+
+use sluice_core::{Check, Decision, OnStoreError, StoreError, decide_without_store};
+use sluice_rules::MatchedCheck;
+
+use super::Limiter;
+use super::envoy_hits::reported_beyond;
+use super::plan::Plan;
+use crate::request::LimitRequest;
+
+/// The store's answer to one planned check.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Answer {
+    /// What the store decided, or the rule's `on_store_error`.
+    pub(super) decision: Decision,
+    /// Whether the decision came from `on_store_error` because the store failed.
+    pub(super) store_failed: bool,
+}
+
+/// The answers to a plan, in plan order.
+pub(super) enum Answers {
+    /// The usual request's one check, answered without a vector.
+    One(Answer),
+    /// Any other request's: each planned check's answer at its position.
+    Each(Vec<Option<Answer>>),
+}
+
+impl IntoIterator for Answers {
+    type Item = Option<Answer>;
+    type IntoIter =
+        std::iter::Chain<std::option::IntoIter<Option<Answer>>, std::vec::IntoIter<Option<Answer>>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let (one, each) = match self {
+            Answers::One(answer) => (Some(Some(answer)), Vec::new()),
+            Answers::Each(each) => (None, each),
+        };
+        one.into_iter().chain(each)
+    }
+}
+
+/// What the store said of a plan.
+pub(super) struct Checked {
+    /// Whether every enforced limit admitted the request, Envoy's `quota_mode` applied.
+    pub(super) allowed: bool,
+    /// Whether usage reported Envoy's way went over a limit: the request is refused, whatever
+    /// the service-wide quota mode says.
+    pub(super) over_reported: bool,
+    /// Each planned check's answer.
+    pub(super) answers: Answers,
+}
+
+/// The enforced limits' answers.
+struct Enforced {
+    /// Whether every enforced limit still checked admitted the request.
+    allowed: bool,
+    answers: Vec<Answer>,
+}
+
+impl Limiter {
+    /// The store's answers to `plan`'s checks for `request`.
+    pub(super) async fn check(&self, request: &LimitRequest, plan: &Plan) -> Checked {
+        let checks = &plan.checks;
+        // The usual request: one enforced limit, not counted Envoy's way. Its check goes to the
+        // store on its own ([`Limiter::check_one`]), without the groups and vectors below; with
+        // one check, quota mode has nothing to drop and retry.
+        if let [only] = checks.as_slice()
+            && only.rule.mode.enforces()
+            && reported_beyond(request, only).is_none()
+        {
+            let answer = self.check_one(only).await;
+            return Checked {
+                allowed: answer.decision.allowed,
+                over_reported: false,
+                answers: Answers::One(answer),
+            };
+        }
+
+        // Envoy's per-descriptor hits_addend on Envoy-style limits is counted as Envoy counts
+        // it, first and on its own; when it goes over, the request is refused and the other
+        // enforced limits are only looked at.
+        let mut hits: Vec<(usize, Answer)> = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            if let Some(over) = reported_beyond(request, c) {
+                hits.push((i, self.check_envoy_hits(c, over).await));
+            }
+        }
+        let over_reported = hits.iter().any(|(_, a)| !a.decision.allowed);
+
+        let (enforced, observed): (Vec<usize>, Vec<usize>) = (0..checks.len())
+            .filter(|i| !hits.iter().any(|(h, _)| h == i))
+            .partition(|&i| checks[i].rule.mode.enforces());
+        // `held`: the enforced limits' answers; `seen`: the shadow and soft limits' decisions.
+        let (held, (seen, seen_failed)) = if over_reported {
+            let (decisions, store_failed) = self.check_group(checks, &enforced, true).await;
+            let held = Enforced {
+                allowed: false,
+                answers: answers(decisions, store_failed).collect(),
+            };
+            (held, self.check_group(checks, &observed, false).await)
+        } else if observed.is_empty() {
+            (
+                self.check_enforced(plan, &enforced).await,
+                (Vec::new(), false),
+            )
+        } else {
+            tokio::join!(
+                self.check_enforced(plan, &enforced),
+                self.check_group(checks, &observed, false)
+            )
+        };
+        // With no shadow or soft limit and no Envoy hits (the usual case), the enforced group
+        // is every check, in order.
+        let answers = if observed.is_empty() && hits.is_empty() {
+            held.answers.into_iter().map(Some).collect()
+        } else {
+            let mut each = vec![None; checks.len()];
+            for (&i, answer) in enforced.iter().zip(held.answers) {
+                each[i] = Some(answer);
+            }
+            for (&i, answer) in observed.iter().zip(answers(seen, seen_failed)) {
+                each[i] = Some(answer);
+            }
+            for (i, answer) in hits {
+                each[i] = Some(answer);
+            }
+            each
+        };
+        Checked {
+            allowed: held.allowed,
+            over_reported,
+            answers: Answers::Each(answers),
+        }
+    }
+
+    /// Checks the enforced limits at `which` all-or-nothing. With quota limits in the plan,
+    /// Envoy's `quota_mode` applies: a quota descriptor that is refused drops out and the rest
+    /// are checked again without it, so that the request passes, consuming from every other
+    /// limit, as long as one quota descriptor admits it. A refused quota descriptor's answers
+    /// are from the round that refused it, which consumed nothing.
+    async fn check_enforced(&self, plan: &Plan, which: &[usize]) -> Enforced {
+        let checks = &plan.checks;
+        let (decisions, store_failed) = self.check_group(checks, which, false).await;
+        let mut out = Enforced {
+            allowed: decisions.iter().all(|d| d.allowed),
+            answers: answers(decisions, store_failed).collect(),
+        };
+        if out.allowed || !checks.iter().any(|c| plan.quota(c)) {
+            return out;
+        }
+        // Positions in `which` still checked; each round drops at least one quota descriptor.
+        let mut active: Vec<usize> = (0..which.len()).collect();
+        loop {
+            let refused = |k: &usize| !out.answers[*k].decision.allowed;
+            if active
+                .iter()
+                .any(|k| refused(k) && !plan.quota(&checks[which[*k]]))
+            {
+                return out;
+            }
+            let dropped: Vec<usize> = active
+                .iter()
+                .filter(|k| refused(k))
+                .map(|k| checks[which[*k]].descriptor)
+                .collect();
+            active.retain(|k| !dropped.contains(&checks[which[*k]].descriptor));
+            if !active.iter().any(|k| plan.quota(&checks[which[*k]])) {
+                return out;
+            }
+            let again: Vec<usize> = active.iter().map(|k| which[*k]).collect();
+            let (decisions, store_failed) = self.check_group(checks, &again, false).await;
+            out.allowed = decisions.iter().all(|d| d.allowed);
+            for (k, answer) in active.iter().zip(answers(decisions, store_failed)) {
+                out.answers[*k] = answer;
+            }
+            if out.allowed {
+                return out;
+            }
+        }
+    }
+
+    /// One planned check on its own: decided at once where the store can
+    /// ([`DynStore::check_now`](sluice_core::DynStore::check_now), the memory store), without a
+    /// boxed future or a vector, and through the batch otherwise.
+    pub(super) async fn check_one(&self, c: &MatchedCheck) -> Answer {
+        let check = c.as_check();
+        let result = match self.store.check_now(check) {
+            Some(result) => result,
+            None => self
+                .store
+                .check(std::slice::from_ref(&check))
+                .await
+                .map(|ds| ds[0]),
+        };
+        match result {
+            Ok(decision) => Answer {
+                decision,
+                store_failed: false,
+            },
+            Err(e) => {
+                let on_error = |_| c.rule.on_store_error;
+                let ds = self
+                    .without_store(std::slice::from_ref(&check), on_error, &e)
+                    .await;
+                Answer {
+                    decision: ds[0],
+                    store_failed: true,
+                }
+            }
+        }
+    }
+
+    /// Checks the planned checks at `which` atomically; their decisions, and whether they came
+    /// from the fallback because the store failed. `peek` looks without consuming: every cost
+    /// is taken as 0.
+    async fn check_group(
+        &self,
+        checks: &[MatchedCheck],
+        which: &[usize],
+        peek: bool,
+    ) -> (Vec<Decision>, bool) {
+        if which.is_empty() {
+            return (Vec::new(), false);
+        }
+        let batch: Vec<Check<'_>> = which
+            .iter()
+            .map(|&i| {
+                let check = checks[i].as_check();
+                let cost = if peek { 0 } else { check.cost };
+                Check { cost, ..check }
+            })
+            .collect();
+        self.check_batch(&batch, |k| checks[which[k]].rule.on_store_error)
+            .await
+    }
+
+    /// Checks `batch` atomically; its decisions, and whether they came from the fallback
+    /// (`on_error` of each check's position) because the store failed.
+    pub(super) async fn check_batch(
+        &self,
+        batch: &[Check<'_>],
+        on_error: impl Fn(usize) -> OnStoreError,
+    ) -> (Vec<Decision>, bool) {
+        match self.store.check(batch).await {
+            Ok(decisions) => (decisions, false),
+            Err(e) => (self.without_store(batch, on_error, &e).await, true),
+        }
+    }
+
+    /// The decisions of `batch` when the store failed with `e`: each check's `on_store_error`
+    /// (`on_error` of its position).
+    async fn without_store(
+        &self,
+        batch: &[Check<'_>],
+        on_error: impl Fn(usize) -> OnStoreError,
+        e: &StoreError,
+    ) -> Vec<Decision> {
+        let before = self.metrics.store_error();
+        // The first errors of an outage, then every power of two: enough to see it start and
+        // last, without a log line per request while the store is down.
+        if before < 8 || before.is_power_of_two() {
+            tracing::warn!(error = %e, transient = e.is_transient(), errors_so_far = before + 1, "store failed; applying on_store_error");
+        }
+        let modes: Vec<OnStoreError> = (0..batch.len()).map(on_error).collect();
+        decide_without_store(batch, &modes, &self.local, self.deny_retry).await
+    }
+}
+
+/// `decisions` as answers, each from the fallback when `store_failed`.
+fn answers(decisions: Vec<Decision>, store_failed: bool) -> impl Iterator<Item = Answer> {
+    decisions.into_iter().map(move |decision| Answer {
+        decision,
+        store_failed,
+    })
+}
