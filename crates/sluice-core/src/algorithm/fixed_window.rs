@@ -8,6 +8,8 @@
 use std::time::Duration;
 
 use super::divisor::Divisor;
+use crate::Policy;
+use crate::algorithm::PolicyParams;
 use crate::policy::{PolicyError, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -151,5 +153,29 @@ impl FixedWindow {
             to_end
         };
         (after, Decision::allow(self.limit, remaining - cost, reset))
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl FixedWindow {
+    /// The requests per window, on windows aligned as `alignment` says (the UTC clock when
+    /// absent).
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        let alignment = p
+            .alignment
+            .unwrap_or(Alignment::Clock { utc_offset_secs: 0 });
+        Ok(FixedWindow::new(p.requests, p.window, alignment)?.into())
+    }
+
+    /// The values of the table's key fields: limit, window and alignment.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![
+            self.limit().to_string(),
+            self.window().as_nanos().to_string(),
+            match self.alignment() {
+                Alignment::Clock { utc_offset_secs } => format!("clock{utc_offset_secs:+}"),
+                Alignment::FirstRequest => "first_request".to_owned(),
+            },
+        ]
     }
 }

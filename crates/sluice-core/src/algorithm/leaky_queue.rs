@@ -9,6 +9,8 @@
 use std::time::Duration;
 
 use super::divisor::Divisor;
+use crate::Policy;
+use crate::algorithm::PolicyParams;
 use crate::clock::duration_nanos;
 use crate::policy::{PolicyError, Rate};
 use crate::{Decision, Timestamp};
@@ -112,5 +114,33 @@ impl LeakyQueue {
         let mut decision = Decision::allow(limit, free(backlog), Duration::from_nanos(backlog));
         decision.delay = Duration::from_nanos(delay);
         (Timestamp::from_nanos(new_next), decision)
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl LeakyQueue {
+    /// Releases at the requests per window, holding `queue_size` waiting (the requests per
+    /// window when absent) for at most `max_wait` (the window when absent; zero is refused).
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        let rate = Rate::new(p.requests, p.window)?;
+        let max_wait = match p.max_wait {
+            Some(w) if w.is_zero() => {
+                return Err(PolicyError::ZeroDuration {
+                    what: "maximum wait",
+                });
+            }
+            Some(w) => w,
+            None => p.window,
+        };
+        Ok(LeakyQueue::new(rate, p.queue_size.unwrap_or(p.requests), max_wait)?.into())
+    }
+
+    /// The values of the table's key fields: queue size, maximum wait and rate.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![
+            self.queue_size.to_string(),
+            self.max_wait.as_nanos().to_string(),
+            self.rate.key_value(),
+        ]
     }
 }

@@ -13,6 +13,8 @@
 use std::time::Duration;
 
 use super::divisor::Divisor;
+use crate::Policy;
+use crate::algorithm::PolicyParams;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -177,5 +179,21 @@ impl SlidingCounter {
         };
         let reset = self.reset_after(after, elapsed);
         (after, Decision::allow(self.limit, remaining - cost, reset))
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl SlidingCounter {
+    /// The requests per window.
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        Ok(SlidingCounter::new(p.requests, p.window)?.into())
+    }
+
+    /// The values of the table's key fields: limit and window.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![
+            self.limit().to_string(),
+            self.window().as_nanos().to_string(),
+        ]
     }
 }
