@@ -8,9 +8,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::Timestamp;
 use crate::algorithm::{
-    ALGORITHMS, AlgorithmSpec, BucketedWindow, FixedWindow, Gcra, LeakyQueue, SlidingCounter,
-    SlidingLog, TokenBucket,
+    ALGORITHMS, AlgorithmSpec, BucketedWindow, FixedWindow, Gcra, LeakyQueue, Magnitude,
+    SlidingCounter, SlidingLog, StoreParams, TokenBucket,
 };
 use crate::clock::duration_nanos;
 
@@ -122,6 +123,19 @@ impl Rate {
         self.per_nanos.div_ceil(self.amount.max(1)).max(1)
     }
 
+    /// The rate in lowest terms: `(amount, period in nanoseconds)` divided by their greatest
+    /// common divisor, which keeps a store's products small without changing a result.
+    pub fn lowest_terms(&self) -> (u64, u64) {
+        let (mut a, mut b) = (self.amount, self.per_nanos);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        match a {
+            0 => (self.amount, self.per_nanos),
+            g => (self.amount / g, self.per_nanos / g),
+        }
+    }
+
     /// The rate in a counter key's policy id: `amount/nanoseconds`.
     pub(crate) fn key_value(&self) -> String {
         format!("{}/{}", self.amount, self.per_nanos)
@@ -169,6 +183,10 @@ impl Algorithm {
         }
         names
     };
+
+    /// The algorithm of a limit that names none: fixed windows, as every limit of Envoy's rule
+    /// format counts.
+    pub const DEFAULT: Algorithm = Algorithm::FixedWindow;
 
     /// Its entry in the algorithm table.
     pub fn spec(self) -> &'static AlgorithmSpec {
@@ -266,6 +284,33 @@ impl Policy {
 }
 
 impl Policy {
+    /// The four numbers a store's script decides this policy on (the Redis scripts' `p1..p4`);
+    /// `now` (the application's clock) only names a window start near it for windows on a grid.
+    pub fn store_params(&self, now: Timestamp) -> StoreParams {
+        match self {
+            Policy::TokenBucket(p) => p.store_params(now),
+            Policy::Gcra(p) => p.store_params(now),
+            Policy::LeakyQueue(p) => p.store_params(now),
+            Policy::FixedWindow(p) => p.store_params(now),
+            Policy::SlidingLog(p) => p.store_params(now),
+            Policy::SlidingCounter(p) => p.store_params(now),
+            Policy::BucketedWindow(p) => p.store_params(now),
+        }
+    }
+
+    /// The numbers of this policy a store computing in limited precision must hold exactly.
+    pub fn magnitudes(&self) -> Vec<Magnitude> {
+        match self {
+            Policy::TokenBucket(p) => p.magnitudes(),
+            Policy::Gcra(p) => p.magnitudes(),
+            Policy::LeakyQueue(p) => p.magnitudes(),
+            Policy::FixedWindow(p) => p.magnitudes(),
+            Policy::SlidingLog(p) => p.magnitudes(),
+            Policy::SlidingCounter(p) => p.magnitudes(),
+            Policy::BucketedWindow(p) => p.magnitudes(),
+        }
+    }
+
     /// The text that identifies this policy in its counters' keys: the algorithm's name, then
     /// each of the table's key fields with its value, such as
     /// `token_bucket;capacity=10;rate=10/1000000000`. Built from the values rather than from

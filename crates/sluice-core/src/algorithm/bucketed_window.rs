@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use crate::Policy;
 use crate::algorithm::{DEFAULT_SUB_WINDOWS, PolicyParams};
+use crate::algorithm::{Magnitude, StoreParams};
+use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -211,6 +213,25 @@ impl BucketedWindow {
             self.window().as_nanos().to_string(),
             self.sub_windows().to_string(),
         ]
+    }
+
+    /// The store's parameters: limit, bucket length (ns), buckets in the window, and the start of
+    /// the bucket `now` (the application's clock) falls in, on the grid.
+    pub(crate) fn store_params(&self, now: Timestamp) -> StoreParams {
+        let bucket = duration_nanos(self.bucket()).max(1);
+        let n = now.as_nanos();
+        [
+            Some(self.limit()),
+            Some(bucket),
+            Some(u64::from(self.sub_windows())),
+            Some(n - n % bucket),
+        ]
+    }
+
+    /// The numbers a store must hold: the window (the limit is at most `u32::MAX`, and the
+    /// buckets' starts lie within the window of now).
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![Magnitude::Length("window", self.window())]
     }
 }
 

@@ -10,6 +10,8 @@ use std::time::Duration;
 use super::divisor::Divisor;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
+use crate::clock::duration_nanos;
 use crate::policy::{PolicyError, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -176,6 +178,30 @@ impl FixedWindow {
                 Alignment::Clock { utc_offset_secs } => format!("clock{utc_offset_secs:+}"),
                 Alignment::FirstRequest => "first_request".to_owned(),
             },
+        ]
+    }
+
+    /// The store's parameters: limit, window (ns), 1 if clock-aligned, and for clock-aligned
+    /// windows the start of the one `now` (the application's clock) falls in: any start on the
+    /// grid places the windows, so a skewed clock moves nothing.
+    pub(crate) fn store_params(&self, now: Timestamp) -> StoreParams {
+        let (aligned, reference) = match self.alignment() {
+            Alignment::Clock { .. } => (1, self.window_start(Timestamp::EPOCH, now)),
+            Alignment::FirstRequest => (0, Timestamp::EPOCH),
+        };
+        [
+            Some(self.limit()),
+            Some(duration_nanos(self.window())),
+            Some(aligned),
+            Some(reference.as_nanos()),
+        ]
+    }
+
+    /// The numbers a store must hold: the limit and the window.
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![
+            Magnitude::Count("limit", self.limit()),
+            Magnitude::LongWindow(self.window()),
         ]
     }
 }

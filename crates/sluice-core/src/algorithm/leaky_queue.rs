@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::divisor::Divisor;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
 use crate::clock::duration_nanos;
 use crate::policy::{PolicyError, Rate};
 use crate::{Decision, Timestamp};
@@ -142,5 +143,36 @@ impl LeakyQueue {
             self.max_wait.as_nanos().to_string(),
             self.rate.key_value(),
         ]
+    }
+
+    /// The store's parameters: capacity, release interval (ns), maximum wait (ns; past 2⁵³ ns,
+    /// about 104 days, as good as unbounded, so held there) and 1 if the rate is 0.
+    pub(crate) fn store_params(&self, _now: Timestamp) -> StoreParams {
+        let max_wait = duration_nanos(self.max_wait).min((1 << 53) - 1);
+        [
+            Some(self.capacity()),
+            Some(self.interval),
+            Some(max_wait),
+            Some(u64::from(self.rate.amount() == 0)),
+        ]
+    }
+
+    /// The numbers a store must hold: the capacity, the interval, and the time a full queue
+    /// takes to drain. A queue with a rate of 0 admits nothing, so its capacity builds no
+    /// backlog.
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        let interval = self.release_interval();
+        let mut numbers = vec![
+            Magnitude::Count("queue capacity", self.capacity()),
+            Magnitude::Length("release interval", interval),
+        ];
+        if self.rate.amount() > 0 {
+            numbers.push(Magnitude::Backlog(
+                "queue capacity",
+                self.capacity(),
+                interval,
+            ));
+        }
+        numbers
     }
 }

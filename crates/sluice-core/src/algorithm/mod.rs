@@ -11,6 +11,7 @@ mod gcra;
 mod leaky_queue;
 mod sliding_counter;
 mod sliding_log;
+mod store_form;
 mod table;
 mod token_bucket;
 
@@ -20,6 +21,7 @@ pub use gcra::Gcra;
 pub use leaky_queue::LeakyQueue;
 pub use sliding_counter::{SlidingCounter, SlidingCounterState};
 pub use sliding_log::{SlidingLog, SlidingLogState};
+pub use store_form::{Magnitude, StoreParams};
 pub use table::{
     ALGORITHMS, AlgorithmSpec, Costs, DEFAULT_SUB_WINDOWS, Param, PolicyParams, Stores, Support,
 };

@@ -15,6 +15,8 @@ use std::time::Duration;
 use super::divisor::Divisor;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
+use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -195,5 +197,18 @@ impl SlidingCounter {
             self.limit().to_string(),
             self.window().as_nanos().to_string(),
         ]
+    }
+
+    /// The store's parameters: limit, window (ns), and the start of the window `now` (the
+    /// application's clock) falls in, on the grid.
+    pub(crate) fn store_params(&self, now: Timestamp) -> StoreParams {
+        let window = duration_nanos(self.window()).max(1);
+        let n = now.as_nanos();
+        [Some(self.limit()), Some(window), None, Some(n - n % window)]
+    }
+
+    /// The numbers a store must hold: the window (the limit is bounded far lower already).
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![Magnitude::Length("window", self.window())]
     }
 }

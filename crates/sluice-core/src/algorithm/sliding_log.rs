@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use crate::Policy;
 use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
+use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -155,5 +157,20 @@ impl SlidingLog {
             self.limit().to_string(),
             self.window().as_nanos().to_string(),
         ]
+    }
+
+    /// The store's parameters: limit and window (ns).
+    pub(crate) fn store_params(&self, _now: Timestamp) -> StoreParams {
+        [
+            Some(self.limit()),
+            Some(duration_nanos(self.window())),
+            None,
+            None,
+        ]
+    }
+
+    /// The numbers a store must hold: the window (the limit is bounded far lower already).
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![Magnitude::Length("window", self.window())]
     }
 }

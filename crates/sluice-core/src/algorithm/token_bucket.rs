@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::divisor::Divisor;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
 use crate::policy::{PolicyError, Rate};
 use crate::{Decision, Timestamp};
 
@@ -159,6 +160,21 @@ impl TokenBucket {
     /// The values of the table's key fields: capacity and rate.
     pub(crate) fn key_values(&self) -> Vec<String> {
         vec![self.capacity.to_string(), self.refill.key_value()]
+    }
+
+    /// The store's parameters: capacity, and the refill amount and period (ns) in lowest terms,
+    /// which keep a script's products small without changing a result.
+    pub(crate) fn store_params(&self, _now: Timestamp) -> StoreParams {
+        let (amount, per) = self.refill.lowest_terms();
+        [Some(self.capacity), Some(amount), Some(per), None]
+    }
+
+    /// The numbers a store must hold: the capacity and the rate.
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![
+            Magnitude::Count("capacity", self.capacity),
+            Magnitude::Rate(self.refill),
+        ]
     }
 }
 

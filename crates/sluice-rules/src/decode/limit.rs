@@ -84,7 +84,7 @@ impl Decoder {
 
         let algorithm_node = fields.get("algorithm");
         let algorithm = match algorithm_node {
-            None => Some(Algorithm::FixedWindow),
+            None => Some(Algorithm::DEFAULT),
             Some(n) => self.algorithm(n),
         };
 
