@@ -1,9 +1,12 @@
 -- The sliding log, as `sluice_core::SlidingLog` decides it: p1 limit, p2 window (ns). Stored as
 -- a list: a header holding the total of its units, then one "<nanos> <units>" entry per distinct
 -- arrival time, oldest first; the refund token is the entry's time. Its state within one call is
--- a table (`lg`) rather than a string: what was read of the list, and, in its array part, the
--- entries this call adds (time, units and time as stored, for each), which its store section
--- writes. The contract of each section is in check.lua and refund.lua.
+-- a table (`lg`) rather than a string, in array slots only (a table with fields costs Redis a
+-- tenth more per call): [1] the total of live units, [2] the entries stored, [3] how many of them
+-- have expired, [4] the newest entry's time (relative to S, false for none), [5] its units, [6]
+-- its time as stored, [7] whether this call added to a stored newest entry, [8] what the key
+-- holds ('list', 'none' or 'other'), then the entries this call adds, three slots each (time,
+-- units, time as stored), which its store section writes. The contract of each section is in check.lua and refund.lua.
 
 --#section helpers
 -- An entry's time (relative to S, or nil for a time in 1970), units, and time as stored.
@@ -19,10 +22,15 @@ local lg = raw
 if lg == nil then
   -- LLEN tells the key's shape: 0 for no key, an error for a key of another type.
   local len = redis.pcall('LLEN', key)
-  local counted = type(len) == 'number'
-  lg = {total = 0, count = 0, drop = 0, back_dirty = false, other = not counted,
-    list = counted and len > 0}
-  if lg.list then
+  local kind = 'other'
+  if type(len) == 'number' then
+    kind = 'none'
+    if len > 0 then kind = 'list' end
+  end
+  -- With room for one new entry, so that the table is not resized for it: Lua sizes a table by
+  -- its constructor, nil slots included.
+  lg = {0, 0, 0, false, 0, '', false, kind, nil, nil, nil}
+  if kind == 'list' then
     local count = len - 1
     local head = redis.call('LRANGE', key, 0, 1)
     local total, drop = tonumber(head[1]) or 0, 0
@@ -49,17 +57,18 @@ if lg == nil then
       if count > drop then
         local back = head[2]
         if count > 1 then back = redis.call('LINDEX', key, -1) end
-        lg.back_at, lg.back_units, lg.back_text = log_entry(back)
+        local at, units, text = log_entry(back)
+        lg[4], lg[5], lg[6] = at or false, units, text
       end
     end
-    lg.count, lg.total, lg.drop = count, total, drop
+    lg[1], lg[2], lg[3] = total, count, drop
   end
 end
-remaining = limit - lg.total
+remaining = limit - lg[1]
 if remaining < 0 then remaining = 0 end
 -- Until the newest entry expires.
-local back_at = lg.back_at
-if back_at ~= nil and back_at + w > now then reset = back_at + w - now end
+local back_at = lg[4]
+if back_at and back_at + w > now then reset = back_at + w - now end
 if need > limit then
   retry = -1
 elseif need <= remaining then
@@ -68,12 +77,12 @@ elseif need <= remaining then
   if cost > 0 then
     reset = w
     -- Requests at the same instant share an entry.
-    if back_at ~= nil and back_at >= now then
-      lg.back_units = lg.back_units + cost
-      if #lg > 0 then
-        lg[#lg - 1] = lg.back_units
+    if back_at and back_at >= now then
+      lg[5] = lg[5] + cost
+      if #lg > 8 then
+        lg[#lg - 1] = lg[5]
       else
-        lg.back_dirty = true
+        lg[7] = true
       end
     else
       local r = now % 1000000000
@@ -81,17 +90,17 @@ elseif need <= remaining then
       lg[#lg + 1] = now
       lg[#lg + 1] = cost
       lg[#lg + 1] = text
-      lg.back_at, lg.back_units, lg.back_text = now, cost, text
+      lg[4], lg[5], lg[6] = now, cost, text
     end
-    lg.total = lg.total + cost
-    token = lg.back_text
+    lg[1] = lg[1] + cost
+    token = lg[6]
   end
 else
   -- Wait until enough of the oldest live entries expire: the stored ones, then this call's.
   local freed = 0
   local found = false
-  local i = 1 + lg.drop
-  while not found and i <= lg.count do
+  local i = 1 + lg[3]
+  while not found and i <= lg[2] do
     local chunk = redis.call('LRANGE', key, i, i + 63)
     for _, e in ipairs(chunk) do
       local at, units = log_entry(e)
@@ -103,7 +112,7 @@ else
     i = i + 64
   end
   if not found then
-    for j = 1, #lg, 3 do
+    for j = 9, #lg, 3 do
       freed = freed + lg[j + 1]
       retry = lg[j] + w - now
       if retry < 0 then retry = 0 end
@@ -117,22 +126,22 @@ state = lg
 -- Writes what the check left in its state: the header, the newest stored entry when this call
 -- added to it, and this call's new entries, with the list's TTL `reset` ns (plus a second).
 local lg = state
-local header = string.format('%d', lg.total)
-local first = 1
-if not lg.list then
-  if lg.other then redis.call('DEL', key) end
-  if #lg > 0 then
-    redis.call('RPUSH', key, header, lg[3] .. ' ' .. string.format('%d', lg[2]))
-    first = 4
+local header = string.format('%d', lg[1])
+local first = 9
+if lg[8] ~= 'list' then
+  if lg[8] == 'other' then redis.call('DEL', key) end
+  if #lg > 8 then
+    redis.call('RPUSH', key, header, lg[11] .. ' ' .. string.format('%d', lg[10]))
+    first = 12
   else
     redis.call('RPUSH', key, header)
   end
 else
   -- Keep the last expired entry (if any) as the slot of the new header.
-  if lg.drop > 0 then redis.call('LTRIM', key, lg.drop, -1) end
+  if lg[3] > 0 then redis.call('LTRIM', key, lg[3], -1) end
   redis.call('LSET', key, 0, header)
-  if lg.back_dirty then
-    redis.call('LSET', key, -1, lg.back_text .. ' ' .. string.format('%d', lg.back_units))
+  if lg[7] then
+    redis.call('LSET', key, -1, lg[6] .. ' ' .. string.format('%d', lg[5]))
   end
 end
 for j = first, #lg, 3 do
