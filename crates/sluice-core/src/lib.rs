@@ -54,11 +54,8 @@ mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use algorithm::{
-    Alignment, BucketedWindow, BucketedWindowState, FixedWindow, FixedWindowState, Gcra,
-    LeakyQueue, SlidingCounter, SlidingCounterState, SlidingLog, SlidingLogState, TokenBucket,
-    TokenBucketState,
-};
+// Every algorithm's policy and state type, and the algorithm table's types.
+pub use algorithm::*;
 pub use breaker_state::BreakerState;
 pub use clock::{Clock, FakeClock, SystemClock, Timestamp};
 pub use decision::Decision;

@@ -8,8 +8,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::Timestamp;
 use crate::algorithm::{
-    BucketedWindow, FixedWindow, Gcra, LeakyQueue, SlidingCounter, SlidingLog, TokenBucket,
+    ALGORITHMS, AlgorithmSpec, BucketedWindow, FixedWindow, Gcra, LeakyQueue, Magnitude,
+    SlidingCounter, SlidingLog, StoreParams, TokenBucket,
 };
 use crate::clock::duration_nanos;
 
@@ -120,6 +122,24 @@ impl Rate {
     pub(crate) fn interval_nanos(&self) -> u64 {
         self.per_nanos.div_ceil(self.amount.max(1)).max(1)
     }
+
+    /// The rate in lowest terms: `(amount, period in nanoseconds)` divided by their greatest
+    /// common divisor, which keeps a store's products small without changing a result.
+    pub fn lowest_terms(&self) -> (u64, u64) {
+        let (mut a, mut b) = (self.amount, self.per_nanos);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        match a {
+            0 => (self.amount, self.per_nanos),
+            g => (self.amount / g, self.per_nanos / g),
+        }
+    }
+
+    /// The rate in a counter key's policy id: `amount/nanoseconds`.
+    pub(crate) fn key_value(&self) -> String {
+        format!("{}/{}", self.amount, self.per_nanos)
+    }
 }
 
 /// The seven algorithms, by the names the configuration uses.
@@ -142,28 +162,41 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Every algorithm, in documentation order.
-    pub const ALL: [Algorithm; 7] = [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::LeakyQueue,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-        Algorithm::SlidingCounter,
-        Algorithm::BucketedWindow,
-    ];
+    /// Every algorithm, in documentation order: the order of [`ALGORITHMS`].
+    pub const ALL: [Algorithm; ALGORITHMS.len()] = {
+        let mut all = [Algorithm::TokenBucket; ALGORITHMS.len()];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = ALGORITHMS[i].algorithm;
+            i += 1;
+        }
+        all
+    };
+
+    /// Every algorithm's configuration name, in documentation order.
+    pub const NAMES: [&'static str; ALGORITHMS.len()] = {
+        let mut names = [""; ALGORITHMS.len()];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = ALGORITHMS[i].name;
+            i += 1;
+        }
+        names
+    };
+
+    /// The algorithm of a limit that names none: fixed windows, as every limit of Envoy's rule
+    /// format counts.
+    pub const DEFAULT: Algorithm = Algorithm::FixedWindow;
+
+    /// Its entry in the algorithm table.
+    pub fn spec(self) -> &'static AlgorithmSpec {
+        // The table lists the algorithms in the enum's order; its tests hold it to that.
+        &ALGORITHMS[self as usize]
+    }
 
     /// The configuration name, such as `token_bucket`.
     pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::Gcra => "gcra",
-            Algorithm::LeakyQueue => "leaky_queue",
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingLog => "sliding_log",
-            Algorithm::SlidingCounter => "sliding_counter",
-            Algorithm::BucketedWindow => "bucketed_window",
-        }
+        self.spec().name
     }
 }
 
@@ -175,10 +208,7 @@ impl fmt::Display for Algorithm {
 
 /// The name given is not one of the seven algorithms.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "unknown algorithm `{0}`; expected one of token_bucket, gcra, leaky_queue, fixed_window, \
-         sliding_log, sliding_counter, bucketed_window"
-)]
+#[error("unknown algorithm `{0}`; expected one of {names}", names = Algorithm::NAMES.join(", "))]
 pub struct UnknownAlgorithm(pub String);
 
 impl FromStr for Algorithm {
@@ -250,6 +280,60 @@ impl Policy {
             Policy::SlidingCounter(p) => p.window(),
             Policy::BucketedWindow(p) => p.window(),
         }
+    }
+}
+
+impl Policy {
+    /// The four numbers a store's script decides this policy on (the Redis scripts' `p1..p4`);
+    /// `now` (the application's clock) only names a window start near it for windows on a grid.
+    pub fn store_params(&self, now: Timestamp) -> StoreParams {
+        match self {
+            Policy::TokenBucket(p) => p.store_params(now),
+            Policy::Gcra(p) => p.store_params(now),
+            Policy::LeakyQueue(p) => p.store_params(now),
+            Policy::FixedWindow(p) => p.store_params(now),
+            Policy::SlidingLog(p) => p.store_params(now),
+            Policy::SlidingCounter(p) => p.store_params(now),
+            Policy::BucketedWindow(p) => p.store_params(now),
+        }
+    }
+
+    /// The numbers of this policy a store computing in limited precision must hold exactly.
+    pub fn magnitudes(&self) -> Vec<Magnitude> {
+        match self {
+            Policy::TokenBucket(p) => p.magnitudes(),
+            Policy::Gcra(p) => p.magnitudes(),
+            Policy::LeakyQueue(p) => p.magnitudes(),
+            Policy::FixedWindow(p) => p.magnitudes(),
+            Policy::SlidingLog(p) => p.magnitudes(),
+            Policy::SlidingCounter(p) => p.magnitudes(),
+            Policy::BucketedWindow(p) => p.magnitudes(),
+        }
+    }
+
+    /// The text that identifies this policy in its counters' keys: the algorithm's name, then
+    /// each of the table's key fields with its value, such as
+    /// `token_bucket;capacity=10;rate=10/1000000000`. Built from the values rather than from
+    /// `Hash`, whose output Rust does not promise to keep across versions or platforms.
+    pub fn key_id(&self) -> String {
+        let values = match self {
+            Policy::TokenBucket(p) => p.key_values(),
+            Policy::Gcra(p) => p.key_values(),
+            Policy::LeakyQueue(p) => p.key_values(),
+            Policy::FixedWindow(p) => p.key_values(),
+            Policy::SlidingLog(p) => p.key_values(),
+            Policy::SlidingCounter(p) => p.key_values(),
+            Policy::BucketedWindow(p) => p.key_values(),
+        };
+        let spec = self.algorithm().spec();
+        let mut id = spec.name.to_owned();
+        for (field, value) in spec.key_fields.iter().zip(values) {
+            id.push(';');
+            id.push_str(field);
+            id.push('=');
+            id.push_str(&value);
+        }
+        id
     }
 }
 

@@ -76,7 +76,8 @@ pub(crate) fn decide(
             let (s, d) = p.decide(s, now, cost);
             (Local::SlidingCounter(s), d)
         }
-        Policy::SlidingLog(_) | Policy::LeakyQueue(_) | Policy::BucketedWindow(_) => return None,
+        // The algorithm table refuses the others for the hybrid store.
+        _ => return None,
     })
 }
 

@@ -547,7 +547,7 @@ impl Store for RedisStore {
 /// What [`Store::supports`] answers for any Redis store, without a connection: for tools that
 /// check rules before any Redis is reachable, such as `sluice validate --store`.
 ///
-/// Refuses a policy with a number that Lua's doubles cannot hold exactly: a count of 2⁵³ or
+/// Refuses an algorithm the algorithm table says the store does not hold, and a policy with a number that Lua's doubles cannot hold exactly: a count of 2⁵³ or
 /// more, a window or period of about 104 days or more (417 days for a fixed window in whole
 /// microseconds), or a GCRA or queue backlog that takes 104 days or more to drain. The reason
 /// says which number, and what to do instead.
@@ -564,6 +564,8 @@ impl Store for RedisStore {
 /// assert!(refused.reason.contains("longer than the redis store can hold"));
 /// ```
 pub fn supports(policy: &Policy) -> Result<(), UnsupportedPolicy> {
+    let algorithm = policy.algorithm();
+    algorithm.spec().stores.redis.check("redis", algorithm)?;
     check_exact(policy).map_err(|reason| UnsupportedPolicy {
         store: "redis",
         reason,

@@ -186,9 +186,9 @@ pub enum ErrorKind {
         suggestion: Option<&'static str>,
     },
     /// An algorithm name that does not exist.
-    #[error("unknown algorithm `{name}`{}; expected one of token_bucket, gcra, leaky_queue, \
-             fixed_window, sliding_log, sliding_counter",
-            suggestion.map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default())]
+    #[error("unknown algorithm `{name}`{}; expected one of {}",
+            suggestion.map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default(),
+            sluice_core::Algorithm::NAMES.join(", "))]
     UnknownAlgorithm {
         /// The name as written.
         name: String,
@@ -251,7 +251,7 @@ pub enum ErrorKind {
         /// The algorithm chosen.
         algorithm: &'static str,
         /// The algorithms that take it.
-        applies_to: &'static str,
+        applies_to: String,
     },
     /// The algorithm refused its parameters.
     #[error("invalid limit: {0}")]

@@ -21,7 +21,7 @@ use std::hash::Hasher;
 
 use siphasher::sip::SipHasher13;
 use siphasher::sip128::{Hasher128, SipHasher13 as SipHasher13x128};
-use sluice_core::{Alignment, Policy};
+use sluice_core::Policy;
 
 /// The longest identity (the part inside `{}`) kept readable; longer ones are hashed.
 pub const MAX_IDENTITY_LEN: usize = 192;
@@ -79,70 +79,17 @@ pub(crate) fn finish_key(identity: &str, policy_id: &str) -> String {
 
 /// The policy's identity: 16 hex digits hashed from its algorithm and parameters.
 pub(crate) fn policy_id(policy: &Policy) -> String {
-    let canonical = canonical(policy);
+    let canonical = policy.key_id();
     let mut h = SipHasher13::new_with_keys(KEY0, KEY1);
     h.write(canonical.as_bytes());
     format!("{:016x}", h.finish())
-}
-
-/// A text that names every parameter of a policy, in a fixed order. Built from the values
-/// rather than from `Hash`, whose output Rust does not promise to keep across versions or
-/// platforms.
-fn canonical(policy: &Policy) -> String {
-    let nanos = |d: std::time::Duration| d.as_nanos();
-    match policy {
-        Policy::TokenBucket(p) => format!(
-            "token_bucket;capacity={};rate={}/{}",
-            p.capacity(),
-            p.rate().amount(),
-            nanos(p.rate().per())
-        ),
-        Policy::Gcra(p) => format!(
-            "gcra;burst={};rate={}/{}",
-            p.burst(),
-            p.rate().amount(),
-            nanos(p.rate().per())
-        ),
-        Policy::LeakyQueue(p) => format!(
-            "leaky_queue;queue={};max_wait={};rate={}/{}",
-            p.queue_size(),
-            nanos(p.max_wait()),
-            p.rate().amount(),
-            nanos(p.rate().per())
-        ),
-        Policy::FixedWindow(p) => format!(
-            "fixed_window;limit={};window={};align={}",
-            p.limit(),
-            nanos(p.window()),
-            match p.alignment() {
-                Alignment::Clock { utc_offset_secs } => format!("clock{utc_offset_secs:+}"),
-                Alignment::FirstRequest => "first_request".to_owned(),
-            }
-        ),
-        Policy::SlidingLog(p) => format!(
-            "sliding_log;limit={};window={}",
-            p.limit(),
-            nanos(p.window())
-        ),
-        Policy::SlidingCounter(p) => format!(
-            "sliding_counter;limit={};window={}",
-            p.limit(),
-            nanos(p.window())
-        ),
-        Policy::BucketedWindow(p) => format!(
-            "bucketed_window;limit={};window={};sub_windows={}",
-            p.limit(),
-            nanos(p.window()),
-            p.sub_windows()
-        ),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use sluice_core::{FixedWindow, Rate, TokenBucket};
+    use sluice_core::{Alignment, FixedWindow, Rate, TokenBucket};
 
     use super::*;
 
@@ -195,7 +142,7 @@ mod tests {
         // Pinned, so a change to the canonical form (which would reset every counter in every
         // deployment on upgrade) is a deliberate decision, not an accident.
         assert_eq!(
-            canonical(&a),
+            a.key_id(),
             "fixed_window;limit=10;window=60000000000;align=clock+0"
         );
     }

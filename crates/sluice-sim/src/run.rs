@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use sluice_core::{
-    Alignment, BucketedWindow, Check, Decision, FakeClock, FixedWindow, Gcra, LeakyQueue,
-    MemoryStore, Policy, PolicyError, Rate, SlidingCounter, SlidingLog, Timestamp, TokenBucket,
-};
+use sluice_core::algorithm::{ALGORITHMS, PolicyParams};
+use sluice_core::{Check, Decision, FakeClock, MemoryStore, Policy, PolicyError, Timestamp};
 
 use crate::trace::Trace;
 
@@ -26,28 +24,24 @@ pub struct Lane {
 /// How many buckets the compared bucketed window splits its window into.
 pub const COMPARE_SUB_WINDOWS: u32 = 10;
 
-/// Every algorithm at the same nominal limit: `limit` requests per `window`. The token bucket
-/// and GCRA hold a burst of `limit` and refill at `limit` per window; the queue holds `limit`
-/// waiting requests and releases them at that rate; the bucketed window has
-/// [`COMPARE_SUB_WINDOWS`] buckets.
+/// Every algorithm of the table at the same nominal limit: `limit` requests per `window`, each
+/// with the defaults a rule gets. The token bucket and GCRA hold a burst of `limit` and refill at
+/// `limit` per window; the queue holds `limit` waiting requests and releases them at that rate;
+/// the bucketed window has [`COMPARE_SUB_WINDOWS`] buckets.
 pub fn compare_lanes(limit: u64, window: Duration) -> Result<Vec<Lane>, PolicyError> {
-    let rate = Rate::new(limit, window)?;
-    let policies: [Policy; 7] = [
-        TokenBucket::new(limit, rate)?.into(),
-        Gcra::new(rate, limit)?.into(),
-        LeakyQueue::new(rate, limit, window)?.into(),
-        FixedWindow::new(limit, window, Alignment::Clock { utc_offset_secs: 0 })?.into(),
-        SlidingLog::new(limit, window)?.into(),
-        SlidingCounter::new(limit, window)?.into(),
-        BucketedWindow::new(limit, window, COMPARE_SUB_WINDOWS)?.into(),
-    ];
-    Ok(policies
-        .into_iter()
-        .map(|policy| Lane {
-            name: policy.algorithm().name().to_owned(),
-            policy,
+    let params = PolicyParams {
+        sub_windows: Some(COMPARE_SUB_WINDOWS),
+        ..PolicyParams::new(limit, window)
+    };
+    ALGORITHMS
+        .iter()
+        .map(|spec| {
+            Ok(Lane {
+                name: spec.name.to_owned(),
+                policy: spec.build(&params)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// One lane per limit of a rule set, named by the rule's path (and its `name`, when it has one),

@@ -10,6 +10,10 @@
 
 use std::time::Duration;
 
+use crate::Policy;
+use crate::algorithm::{DEFAULT_SUB_WINDOWS, PolicyParams};
+use crate::algorithm::{Magnitude, StoreParams};
+use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -190,6 +194,44 @@ impl BucketedWindow {
         let slot = &mut state.counts[(current % n) as usize];
         // `decide` admitted it, so the window holds at most `limit ≤ u32::MAX` with it.
         *slot = u32::try_from(u64::from(*slot) + cost).unwrap_or(u32::MAX);
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl BucketedWindow {
+    /// The requests per window, split into `sub_windows` buckets
+    /// ([`DEFAULT_SUB_WINDOWS`](crate::algorithm::DEFAULT_SUB_WINDOWS) when absent).
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        let sub_windows = p.sub_windows.unwrap_or(DEFAULT_SUB_WINDOWS);
+        Ok(BucketedWindow::new(p.requests, p.window, sub_windows)?.into())
+    }
+
+    /// The values of the table's key fields: limit, window and sub-windows.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![
+            self.limit().to_string(),
+            self.window().as_nanos().to_string(),
+            self.sub_windows().to_string(),
+        ]
+    }
+
+    /// The store's parameters: limit, bucket length (ns), buckets in the window, and the start of
+    /// the bucket `now` (the application's clock) falls in, on the grid.
+    pub(crate) fn store_params(&self, now: Timestamp) -> StoreParams {
+        let bucket = duration_nanos(self.bucket()).max(1);
+        let n = now.as_nanos();
+        [
+            Some(self.limit()),
+            Some(bucket),
+            Some(u64::from(self.sub_windows())),
+            Some(n - n % bucket),
+        ]
+    }
+
+    /// The numbers a store must hold: the window (the limit is at most `u32::MAX`, and the
+    /// buckets' starts lie within the window of now).
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![Magnitude::Length("window", self.window())]
     }
 }
 

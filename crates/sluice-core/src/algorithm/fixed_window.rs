@@ -8,6 +8,10 @@
 use std::time::Duration;
 
 use super::divisor::Divisor;
+use crate::Policy;
+use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
+use crate::clock::duration_nanos;
 use crate::policy::{PolicyError, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -151,5 +155,53 @@ impl FixedWindow {
             to_end
         };
         (after, Decision::allow(self.limit, remaining - cost, reset))
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl FixedWindow {
+    /// The requests per window, on windows aligned as `alignment` says (the UTC clock when
+    /// absent).
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        let alignment = p
+            .alignment
+            .unwrap_or(Alignment::Clock { utc_offset_secs: 0 });
+        Ok(FixedWindow::new(p.requests, p.window, alignment)?.into())
+    }
+
+    /// The values of the table's key fields: limit, window and alignment.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![
+            self.limit().to_string(),
+            self.window().as_nanos().to_string(),
+            match self.alignment() {
+                Alignment::Clock { utc_offset_secs } => format!("clock{utc_offset_secs:+}"),
+                Alignment::FirstRequest => "first_request".to_owned(),
+            },
+        ]
+    }
+
+    /// The store's parameters: limit, window (ns), 1 if clock-aligned, and for clock-aligned
+    /// windows the start of the one `now` (the application's clock) falls in: any start on the
+    /// grid places the windows, so a skewed clock moves nothing.
+    pub(crate) fn store_params(&self, now: Timestamp) -> StoreParams {
+        let (aligned, reference) = match self.alignment() {
+            Alignment::Clock { .. } => (1, self.window_start(Timestamp::EPOCH, now)),
+            Alignment::FirstRequest => (0, Timestamp::EPOCH),
+        };
+        [
+            Some(self.limit()),
+            Some(duration_nanos(self.window())),
+            Some(aligned),
+            Some(reference.as_nanos()),
+        ]
+    }
+
+    /// The numbers a store must hold: the limit and the window.
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![
+            Magnitude::Count("limit", self.limit()),
+            Magnitude::LongWindow(self.window()),
+        ]
     }
 }

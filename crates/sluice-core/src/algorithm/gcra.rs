@@ -13,6 +13,10 @@ use crate::policy::{Algorithm, PolicyError, Rate};
 /// The longest a GCRA backlog may reach: a century. Keeping `now + backlog` far below `u64::MAX`
 /// means the arithmetic below cannot overflow.
 const MAX_HORIZON_NANOS: u64 = 100 * 365 * 86_400 * 1_000_000_000;
+use crate::Policy;
+use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
+use crate::clock::duration_nanos;
 use crate::{Decision, Timestamp};
 
 /// GCRA parameters.
@@ -103,5 +107,37 @@ impl Gcra {
             Duration::from_nanos(new_backlog),
         );
         (new_tat, decision)
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl Gcra {
+    /// The requests per window as the rate, with a burst of `burst` (the requests per window
+    /// when absent).
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        let rate = Rate::new(p.requests, p.window)?;
+        Ok(Gcra::new(rate, p.burst.unwrap_or(p.requests))?.into())
+    }
+
+    /// The values of the table's key fields: burst and rate.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![self.burst().to_string(), self.rate().key_value()]
+    }
+
+    /// The store's parameters: burst and emission interval (ns).
+    pub(crate) fn store_params(&self, _now: Timestamp) -> StoreParams {
+        let interval = duration_nanos(self.emission_interval());
+        [Some(self.burst()), Some(interval), None, None]
+    }
+
+    /// The numbers a store must hold: the burst, the interval, and the time the burst takes to
+    /// drain, the longest its arrival time lies ahead of now.
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        let interval = self.emission_interval();
+        vec![
+            Magnitude::Count("burst", self.burst()),
+            Magnitude::Length("emission interval", interval),
+            Magnitude::Backlog("burst", self.burst(), interval),
+        ]
     }
 }

@@ -9,6 +9,9 @@
 use std::time::Duration;
 
 use super::divisor::Divisor;
+use crate::Policy;
+use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
 use crate::clock::duration_nanos;
 use crate::policy::{PolicyError, Rate};
 use crate::{Decision, Timestamp};
@@ -112,5 +115,64 @@ impl LeakyQueue {
         let mut decision = Decision::allow(limit, free(backlog), Duration::from_nanos(backlog));
         decision.delay = Duration::from_nanos(delay);
         (Timestamp::from_nanos(new_next), decision)
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl LeakyQueue {
+    /// Releases at the requests per window, holding `queue_size` waiting (the requests per
+    /// window when absent) for at most `max_wait` (the window when absent; zero is refused).
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        let rate = Rate::new(p.requests, p.window)?;
+        let max_wait = match p.max_wait {
+            Some(w) if w.is_zero() => {
+                return Err(PolicyError::ZeroDuration {
+                    what: "maximum wait",
+                });
+            }
+            Some(w) => w,
+            None => p.window,
+        };
+        Ok(LeakyQueue::new(rate, p.queue_size.unwrap_or(p.requests), max_wait)?.into())
+    }
+
+    /// The values of the table's key fields: queue size, maximum wait and rate.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![
+            self.queue_size.to_string(),
+            self.max_wait.as_nanos().to_string(),
+            self.rate.key_value(),
+        ]
+    }
+
+    /// The store's parameters: capacity, release interval (ns), maximum wait (ns; past 2⁵³ ns,
+    /// about 104 days, as good as unbounded, so held there) and 1 if the rate is 0.
+    pub(crate) fn store_params(&self, _now: Timestamp) -> StoreParams {
+        let max_wait = duration_nanos(self.max_wait).min((1 << 53) - 1);
+        [
+            Some(self.capacity()),
+            Some(self.interval),
+            Some(max_wait),
+            Some(u64::from(self.rate.amount() == 0)),
+        ]
+    }
+
+    /// The numbers a store must hold: the capacity, the interval, and the time a full queue
+    /// takes to drain. A queue with a rate of 0 admits nothing, so its capacity builds no
+    /// backlog.
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        let interval = self.release_interval();
+        let mut numbers = vec![
+            Magnitude::Count("queue capacity", self.capacity()),
+            Magnitude::Length("release interval", interval),
+        ];
+        if self.rate.amount() > 0 {
+            numbers.push(Magnitude::Backlog(
+                "queue capacity",
+                self.capacity(),
+                interval,
+            ));
+        }
+        numbers
     }
 }

@@ -13,6 +13,10 @@
 use std::time::Duration;
 
 use super::divisor::Divisor;
+use crate::Policy;
+use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
+use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -177,5 +181,34 @@ impl SlidingCounter {
         };
         let reset = self.reset_after(after, elapsed);
         (after, Decision::allow(self.limit, remaining - cost, reset))
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl SlidingCounter {
+    /// The requests per window.
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        Ok(SlidingCounter::new(p.requests, p.window)?.into())
+    }
+
+    /// The values of the table's key fields: limit and window.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![
+            self.limit().to_string(),
+            self.window().as_nanos().to_string(),
+        ]
+    }
+
+    /// The store's parameters: limit, window (ns), and the start of the window `now` (the
+    /// application's clock) falls in, on the grid.
+    pub(crate) fn store_params(&self, now: Timestamp) -> StoreParams {
+        let window = duration_nanos(self.window()).max(1);
+        let n = now.as_nanos();
+        [Some(self.limit()), Some(window), None, Some(n - n % window)]
+    }
+
+    /// The numbers a store must hold: the window (the limit is bounded far lower already).
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![Magnitude::Length("window", self.window())]
     }
 }

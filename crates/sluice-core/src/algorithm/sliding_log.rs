@@ -8,6 +8,10 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::Policy;
+use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
+use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
@@ -137,5 +141,36 @@ impl SlidingLogState {
     /// Whether the log holds no entry.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl SlidingLog {
+    /// The requests per window.
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        Ok(SlidingLog::new(p.requests, p.window)?.into())
+    }
+
+    /// The values of the table's key fields: limit and window.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![
+            self.limit().to_string(),
+            self.window().as_nanos().to_string(),
+        ]
+    }
+
+    /// The store's parameters: limit and window (ns).
+    pub(crate) fn store_params(&self, _now: Timestamp) -> StoreParams {
+        [
+            Some(self.limit()),
+            Some(duration_nanos(self.window())),
+            None,
+            None,
+        ]
+    }
+
+    /// The numbers a store must hold: the window (the limit is bounded far lower already).
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![Magnitude::Length("window", self.window())]
     }
 }

@@ -3,6 +3,9 @@
 use std::time::Duration;
 
 use super::divisor::Divisor;
+use crate::Policy;
+use crate::algorithm::PolicyParams;
+use crate::algorithm::{Magnitude, StoreParams};
 use crate::policy::{PolicyError, Rate};
 use crate::{Decision, Timestamp};
 
@@ -142,6 +145,36 @@ impl TokenBucket {
         };
         let reset = self.time_until(after, now, self.capacity);
         (after, Decision::allow(self.capacity, after.tokens, reset))
+    }
+}
+
+/// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.
+impl TokenBucket {
+    /// A bucket of `burst` tokens (the requests per window when absent), refilled at the
+    /// requests per window.
+    pub(crate) fn from_params(p: &PolicyParams) -> Result<Policy, PolicyError> {
+        let rate = Rate::new(p.requests, p.window)?;
+        Ok(TokenBucket::new(p.burst.unwrap_or(p.requests), rate)?.into())
+    }
+
+    /// The values of the table's key fields: capacity and rate.
+    pub(crate) fn key_values(&self) -> Vec<String> {
+        vec![self.capacity.to_string(), self.refill.key_value()]
+    }
+
+    /// The store's parameters: capacity, and the refill amount and period (ns) in lowest terms,
+    /// which keep a script's products small without changing a result.
+    pub(crate) fn store_params(&self, _now: Timestamp) -> StoreParams {
+        let (amount, per) = self.refill.lowest_terms();
+        [Some(self.capacity), Some(amount), Some(per), None]
+    }
+
+    /// The numbers a store must hold: the capacity and the rate.
+    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+        vec![
+            Magnitude::Count("capacity", self.capacity),
+            Magnitude::Rate(self.refill),
+        ]
     }
 }
 

@@ -16,7 +16,9 @@ use shard::Shard;
 use state::{Meta, Update, apply, decide, decide_in_place};
 
 use crate::clock::duration_nanos;
-use crate::{Check, Clock, Decision, Policy, Store, StoreResult, SystemClock, Timestamp};
+use crate::{
+    Check, Clock, Decision, Policy, Store, StoreResult, SystemClock, Timestamp, UnsupportedPolicy,
+};
 
 /// The default hard limit on tracked keys: about 100 MB of counters.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
@@ -415,5 +417,11 @@ impl<C: Clock + 'static> Store for MemoryStore<C> {
 
     fn tracked_keys(&self) -> Option<usize> {
         Some(self.len())
+    }
+
+    /// What the algorithm table says of the memory store.
+    fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
+        let algorithm = policy.algorithm();
+        algorithm.spec().stores.memory.check("memory", algorithm)
     }
 }

@@ -1,25 +1,16 @@
 //! The algorithm codes: which algorithm a check uses, as the scripts know it.
 //!
 //! A code is a check's first script argument and the first field of every counter stored as a
-//! string. It is defined here once: the scripts see each code as a local of a prelude made from
-//! [`code`] (`local GCRA = '2'`), never as a literal of their own.
+//! string. It is defined once, in the algorithm table of `sluice-core`: the scripts see each code
+//! as a local of a prelude made from [`code`] (`local GCRA = '2'`), never as a literal of their
+//! own.
 
 use sluice_core::Algorithm;
 
-/// The code of `algorithm` in script arguments and stored counters.
-///
-/// These numbers are in every counter stored in Redis, and instances of two versions share those
-/// counters during a rolling upgrade: a code never changes, and a new algorithm takes a new one.
-pub const fn code(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::TokenBucket => 1,
-        Algorithm::Gcra => 2,
-        Algorithm::LeakyQueue => 3,
-        Algorithm::FixedWindow => 4,
-        Algorithm::SlidingLog => 5,
-        Algorithm::SlidingCounter => 6,
-        Algorithm::BucketedWindow => 7,
-    }
+/// The code of `algorithm` in script arguments and stored counters: its entry's in the
+/// algorithm table, which never changes.
+pub fn code(algorithm: Algorithm) -> u8 {
+    algorithm.spec().code
 }
 
 /// The Lua that names every code, put in front of each script: one local per algorithm, named

@@ -2,27 +2,21 @@
 //!
 //! Each check takes seven arguments: algorithm code, cost, four parameters and a refund token.
 //!
-//! | algorithm | p1 | p2 | p3 | p4 |
-//! |---|---|---|---|---|
-//! | token bucket | capacity | refill amount | refill period (ns) | |
-//! | GCRA | burst | emission interval (ns) | | |
-//! | queue | capacity | release interval (ns) | maximum wait (ns) | 1 if the rate is 0 |
-//! | fixed window | limit | window (ns) | 1 if clock-aligned | a window start near now |
-//! | sliding log | limit | window (ns) | | |
-//! | sliding counter | limit | window (ns) | | a window start near now |
-//! | bucketed window | limit | bucket (ns) | buckets in the window | a bucket start near now |
+//! Each algorithm's file in `lua/algorithm/` says what its four parameters are.
 //!
-//! The algorithm code is [`code`] of the policy's algorithm.
+//! The algorithm code is [`code`] of the policy's algorithm, and the parameters are what its
+//! module in `sluice-core` makes of the policy (`Policy::store_params`), in the order of its Lua
+//! file.
 //!
 //! The refill rate is reduced to lowest terms first, which keeps the script's products small
 //! without changing a single result. Clock-aligned windows are placed by the script on the grid
-//! through a reference window start computed here from the application's clock: any window start
-//! on the grid will do, so a skewed application clock moves nothing, and the script's arithmetic
+//! through a reference window start computed from the application's clock: any window start on
+//! the grid will do, so a skewed application clock moves nothing, and the script's arithmetic
 //! stays relative to now, where it is exact.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sluice_core::{Alignment, Policy, StoreError, Timestamp};
+use sluice_core::{Policy, StoreError, Timestamp};
 
 use super::algorithm::code;
 use super::exact::{EXACT, check_exact};
@@ -42,68 +36,9 @@ pub(crate) fn push_check(
     check_exact(policy).map_err(StoreError::Rejected)?;
     // Every limit is below EXACT, so a larger cost is refused as permanently as the real one.
     let cost = cost.min(EXACT);
-    let p: [String; 4] = match policy {
-        Policy::TokenBucket(tb) => {
-            let (amount, per) = reduced(tb.rate().amount(), tb.rate().per());
-            [
-                tb.capacity().to_string(),
-                amount.to_string(),
-                per.to_string(),
-                String::new(),
-            ]
-        }
-        Policy::Gcra(g) => [
-            g.burst().to_string(),
-            nanos_of(g.emission_interval()).to_string(),
-            String::new(),
-            String::new(),
-        ],
-        Policy::LeakyQueue(q) => [
-            q.capacity().to_string(),
-            nanos_of(q.release_interval()).to_string(),
-            // A wait beyond the exact range is as good as unbounded.
-            nanos_of(q.max_wait()).min(EXACT - 1).to_string(),
-            u8::from(q.rate().amount() == 0).to_string(),
-        ],
-        Policy::FixedWindow(fw) => {
-            let (aligned, reference) = match fw.alignment() {
-                Alignment::Clock { .. } => (1, fw.window_start(Timestamp::EPOCH, now)),
-                Alignment::FirstRequest => (0, Timestamp::EPOCH),
-            };
-            [
-                fw.limit().to_string(),
-                nanos_of(fw.window()).to_string(),
-                aligned.to_string(),
-                reference.as_nanos().to_string(),
-            ]
-        }
-        Policy::SlidingLog(sl) => [
-            sl.limit().to_string(),
-            nanos_of(sl.window()).to_string(),
-            String::new(),
-            String::new(),
-        ],
-        Policy::SlidingCounter(sc) => {
-            let window = nanos_of(sc.window());
-            let n = now.as_nanos();
-            [
-                sc.limit().to_string(),
-                window.to_string(),
-                String::new(),
-                (n - n % window).to_string(),
-            ]
-        }
-        Policy::BucketedWindow(bw) => {
-            let bucket = nanos_of(bw.bucket());
-            let n = now.as_nanos();
-            [
-                bw.limit().to_string(),
-                bucket.to_string(),
-                bw.sub_windows().to_string(),
-                (n - n % bucket).to_string(),
-            ]
-        }
-    };
+    let p = policy
+        .store_params(now)
+        .map(|p| p.map_or_else(String::new, |v| v.to_string()));
     args.push(code(policy.algorithm()).to_string());
     args.push(cost.to_string());
     args.extend(p);
@@ -121,27 +56,6 @@ pub fn app_now(offset_nanos: i64) -> Timestamp {
         .as_nanos();
     let shifted = i128::try_from(wall).unwrap_or(i128::MAX) + i128::from(offset_nanos);
     Timestamp::from_nanos(u64::try_from(shifted.max(0)).unwrap_or(u64::MAX))
-}
-
-/// A rate of `amount` per `per` in lowest terms, `per` in nanoseconds.
-pub(super) fn reduced(amount: u64, per: Duration) -> (u64, u64) {
-    let per = nanos_of(per);
-    match gcd(amount, per) {
-        0 => (amount, per),
-        g => (amount / g, per / g),
-    }
-}
-
-/// The nanoseconds of a length that [`check_exact`] has accepted.
-fn nanos_of(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
 }
 
 #[cfg(test)]
@@ -165,6 +79,11 @@ mod tests {
         assert_eq!(reduced(10, Duration::from_secs(1)), (1, 100_000_000));
         assert_eq!(reduced(3, Duration::from_secs(1)), (3, 1_000_000_000));
         assert_eq!(reduced(0, Duration::from_secs(1)), (0, 1));
+    }
+
+    /// A rate of `amount` per `per` in lowest terms, `per` in nanoseconds.
+    fn reduced(amount: u64, per: Duration) -> (u64, u64) {
+        Rate::new(amount, per).unwrap().lowest_terms()
     }
 
     #[test]

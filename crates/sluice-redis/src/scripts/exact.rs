@@ -4,15 +4,13 @@
 
 use std::time::Duration;
 
-use sluice_core::{Policy, Rate};
-
-use super::args::reduced;
+use sluice_core::{Magnitude, Policy, Rate};
 
 /// The largest integer Lua (doubles) holds exactly: every number a script sees stays below it.
 pub(super) const EXACT: u64 = 1 << 53;
 
 /// The longest fixed window the script holds exactly: 2⁵⁵ ns, about 417 days, for windows that
-/// are whole microseconds (see [`exact_fixed_window`]). The script's numbers reach the window
+/// are whole microseconds (see [`exact_long_window`]). The script's numbers reach the window
 /// plus the application clock's skew, and stay below 2⁵⁶ while the skew is under 417 days.
 const LONG_WINDOW: u64 = 1 << 55;
 
@@ -29,38 +27,21 @@ const EXACT_SPAN: &str = "about 104 days: its scripts compute in Lua doubles, ex
 /// [`supports`](crate::supports) (what `Store::supports` answers) once per rule when rules load,
 /// so that such a rule is refused then rather than failing each request.
 pub(crate) fn check_exact(policy: &Policy) -> Result<(), String> {
-    match policy {
-        Policy::TokenBucket(tb) => {
-            exact("capacity", tb.capacity())?;
-            exact_rate(tb.rate())?;
-        }
-        Policy::Gcra(g) => {
-            exact("burst", g.burst())?;
-            let interval = exact_nanos("emission interval", g.emission_interval())?;
-            exact_backlog("burst", g.burst(), interval)?;
-        }
-        Policy::LeakyQueue(q) => {
-            exact("queue capacity", q.capacity())?;
-            let interval = exact_nanos("release interval", q.release_interval())?;
-            // A queue with a rate of 0 admits nothing, so its capacity builds no backlog.
-            if q.rate().amount() > 0 {
-                exact_backlog("queue capacity", q.capacity(), interval)?;
+    for number in policy.magnitudes() {
+        match number {
+            Magnitude::Count(what, value) => exact(what, value)?,
+            Magnitude::Length(what, length) => {
+                exact_nanos(what, length)?;
             }
-        }
-        Policy::FixedWindow(fw) => {
-            exact("limit", fw.limit())?;
-            exact_fixed_window(fw.window())?;
-        }
-        // The core bounds these two limits far below 2^53.
-        Policy::SlidingLog(sl) => {
-            exact_nanos("window", sl.window())?;
-        }
-        Policy::SlidingCounter(sc) => {
-            exact_nanos("window", sc.window())?;
-        }
-        // The limit is at most u32::MAX, and the buckets' starts lie within the window of now.
-        Policy::BucketedWindow(bw) => {
-            exact_nanos("window", bw.window())?;
+            Magnitude::LongWindow(window) => exact_long_window(window)?,
+            Magnitude::Backlog(what, count, interval) => {
+                exact_backlog(
+                    what,
+                    count,
+                    u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX),
+                )?;
+            }
+            Magnitude::Rate(rate) => exact_rate(rate)?,
         }
     }
     Ok(())
@@ -108,7 +89,7 @@ fn exact_backlog(what: &str, count: u64, interval: u64) -> Result<(), String> {
 
 /// A refill rate whose lowest terms the script can hold exactly, or a refusal.
 fn exact_rate(rate: Rate) -> Result<(), String> {
-    let (amount, per) = reduced(rate.amount(), rate.per());
+    let (amount, per) = rate.lowest_terms();
     exact("refill amount in lowest terms", amount)?;
     if per < EXACT {
         Ok(())
@@ -126,7 +107,7 @@ fn exact_rate(rate: Rate) -> Result<(), String> {
 /// microseconds: Redis `TIME` counts microseconds, so the script's now is a multiple of 8 ns, and
 /// so is every number of such a window (its length, its grid, its start, its reset), and a
 /// double holds every multiple of 8 below 2⁵⁶ exactly. This takes in Envoy's `unit: year`.
-fn exact_fixed_window(window: Duration) -> Result<(), String> {
+fn exact_long_window(window: Duration) -> Result<(), String> {
     let n = window.as_nanos();
     if n < u128::from(EXACT) {
         return Ok(());

@@ -1,16 +1,42 @@
 //! A script's text, assembled from its `.lua` file, and its SHA1 for `EVALSHA`. Public, so that
 //! a store built on this one (the hybrid store's sync) assembles its own scripts with the same
 //! prelude and shared parts, and runs them through [`RedisStore::eval_each`](crate::RedisStore::eval_each).
+//!
+//! Assembly puts the algorithm codes' prelude in front, then copies the file with its directive
+//! lines replaced:
+//!
+//! - `--#include <file>`: a part the scripts share, from [`PARTS`].
+//! - `--#decide_one`: an `if alg == CODE then` chain with, in each branch, the algorithm's
+//!   `helpers`, `check` and (when it admits and `write` is set) `store` sections inline, from
+//!   its file in `lua/algorithm/`: what the check script runs for a call of one check, with no
+//!   function made and no call.
+//! - `--#decide_functions`: for every algorithm the call uses (`used[CODE]`), the same sections
+//!   as two functions, `name(key, raw, cost, need, p1, p2, p3, p4, write)` returning the check's
+//!   outputs and `name_store(key, state, reset)`: what the check script runs for several.
+//! - `--#algorithms <section>`: for every algorithm the call uses, that section, which assigns
+//!   functions (`name = function` at the start of a line), declared as locals in front of it.
+//! - `--#dispatch <var>=<suffix> ...`: an `if alg == CODE then` chain that sets each `var` to the
+//!   algorithm's function `<name><suffix>`.
+//!
+//! A section runs from its `--#section <name>` line to the next; `check.lua` states what each
+//! holds. A store section is optional: without one, the state is a string, which
+//! `set_value.lua` stores.
+
+use sluice_core::algorithm::ALGORITHMS;
 
 use super::algorithm;
 
 /// The files that scripts include, by name: each `--#include <name>` line of a script is
 /// replaced by the file's text.
-const PARTS: [(&str, &str); 3] = [
+const PARTS: [(&str, &str); 4] = [
     ("clock.lua", include_str!("lua/clock.lua")),
     ("mul_div.lua", include_str!("lua/mul_div.lua")),
     ("helpers.lua", include_str!("lua/helpers.lua")),
+    ("set_value.lua", include_str!("lua/set_value.lua")),
 ];
+
+/// Every file of `lua/algorithm/`, by its stem (the algorithm's name): listed by `build.rs`.
+const ALGORITHM_FILES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/algorithm_files.rs"));
 
 /// A script as Redis runs it, and its SHA1.
 #[derive(Debug)]
@@ -23,7 +49,7 @@ pub struct Script {
 
 impl Script {
     /// The script in `file` (a `.lua` file's text): the algorithm codes' prelude, then the file
-    /// with its includes expanded (`--#include clock.lua`, `mul_div.lua`, `helpers.lua`).
+    /// with its directives expanded.
     ///
     /// # Panics
     ///
@@ -31,27 +57,150 @@ impl Script {
     /// the first time the script is assembled.
     pub fn assemble(file: &str) -> Script {
         let mut body = algorithm::prelude();
-        expand(file, &mut body);
+        expand(file, &mut body, &mut Vec::new());
         let sha = redis::Script::new(&body).get_hash().to_owned();
         Script { body, sha }
     }
 }
 
-/// Appends `file` to `out`, with every `--#include <name>` line replaced by that part, itself
-/// expanded.
-fn expand(file: &str, out: &mut String) {
+/// The Lua file of the algorithm named `name`.
+fn algorithm_file(name: &str) -> &'static str {
+    ALGORITHM_FILES
+        .iter()
+        .find(|(stem, _)| *stem == name)
+        .map(|(_, text)| *text)
+        .unwrap_or_else(|| panic!("the algorithm {name} has no file lua/algorithm/{name}.lua"))
+}
+
+/// The lines of `file` under `--#section <name>`, up to the next section.
+fn section<'f>(file: &'f str, name: &str) -> &'f str {
+    let marker = format!("--#section {name}\n");
+    let Some(start) = file.find(&marker).map(|at| at + marker.len()) else {
+        return "";
+    };
+    let rest = &file[start..];
+    &rest[..rest.find("--#section ").unwrap_or(rest.len())]
+}
+
+/// An algorithm's `store` section, or `set_value.lua` when it has none.
+fn store_section(file: &'static str) -> &'static str {
+    match section(file, "store") {
+        "" => PARTS[3].1,
+        store => store,
+    }
+}
+
+/// The functions a section assigns: the names at the start of its `name = function` lines.
+fn assigned(section: &str) -> impl Iterator<Item = &str> {
+    section.lines().filter_map(|line| {
+        let (name, rest) = line.split_once(" = function")?;
+        let is_name = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        (is_name && (rest.is_empty() || rest.starts_with('('))).then_some(name)
+    })
+}
+
+/// Appends `file` to `out` with every directive line expanded. `declared` collects the
+/// functions the `--#algorithms` lines so far have declared, for `--#dispatch`.
+fn expand(file: &str, out: &mut String, declared: &mut Vec<String>) {
     for line in file.split_inclusive('\n') {
-        match line.trim().strip_prefix("--#include ") {
-            Some(name) => {
-                let (_, part) = PARTS
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .unwrap_or_else(|| panic!("a script includes {name}, which is not in PARTS"));
-                expand(part, out);
+        let directive = line.trim();
+        let indent = &line[..line.len() - line.trim_start().len()];
+        if let Some(name) = directive.strip_prefix("--#include ") {
+            let (_, part) = PARTS
+                .iter()
+                .find(|(n, _)| *n == name)
+                .unwrap_or_else(|| panic!("a script includes {name}, which is not in PARTS"));
+            expand(part, out, declared);
+        } else if let Some(name) = directive.strip_prefix("--#algorithms ") {
+            for spec in &ALGORITHMS {
+                let text = section(algorithm_file(spec.name), name);
+                let names: Vec<&str> = assigned(text).collect();
+                if names.is_empty() {
+                    continue;
+                }
+                let code = spec.name.to_ascii_uppercase();
+                out.push_str(&format!("local {}\n", names.join(", ")));
+                out.push_str(&format!("if used[{code}] then\n"));
+                expand(text, out, declared);
+                out.push_str("end\n");
+                declared.extend(names.into_iter().map(str::to_owned));
             }
-            None => out.push_str(line),
+        } else if directive == "--#decide_one" {
+            let mut keyword = "if";
+            for spec in &ALGORITHMS {
+                let file = algorithm_file(spec.name);
+                let code = spec.name.to_ascii_uppercase();
+                out.push_str(&format!("{indent}{keyword} alg == {code} then\n"));
+                expand(section(file, "helpers"), out, declared);
+                expand(section(file, "check"), out, declared);
+                out.push_str(&format!("{indent}  if allowed == 1 and write then\n"));
+                expand(store_section(file), out, declared);
+                out.push_str(&format!("{indent}  end\n"));
+                keyword = "elseif";
+            }
+            out.push_str(&format!("{indent}end\n"));
+        } else if directive == "--#decide_functions" {
+            for spec in &ALGORITHMS {
+                let (file, name) = (algorithm_file(spec.name), spec.name);
+                let code = spec.name.to_ascii_uppercase();
+                out.push_str(&format!(
+                    "local {name}, {name}_store\nif used[{code}] then\n"
+                ));
+                expand(section(file, "helpers"), out, declared);
+                out.push_str(&format!(
+                    "{name} = function(key, raw, cost, need, p1, p2, p3, p4, write)\n\
+                     local allowed, remaining, reset, retry, delay, token, state = \
+                     0, 0, 0, 0, 0, '', nil\n"
+                ));
+                expand(section(file, "check"), out, declared);
+                out.push_str("return allowed, remaining, reset, retry, delay, token, state\nend\n");
+                out.push_str(&format!("{name}_store = function(key, state, reset)\n"));
+                expand(store_section(file), out, declared);
+                out.push_str("end\nend\n");
+                declared.extend([name.to_owned(), format!("{name}_store")]);
+            }
+        } else if let Some(vars) = directive.strip_prefix("--#dispatch ") {
+            let vars = assignments(vars);
+            let mut keyword = "if";
+            for spec in &ALGORITHMS {
+                let code = spec.name.to_ascii_uppercase();
+                let set = set_vars(&vars, spec.name, declared);
+                out.push_str(&format!("{indent}{keyword} alg == {code} then {set}\n"));
+                keyword = "elseif";
+            }
+            out.push_str(&format!("{indent}end\n"));
+        } else {
+            out.push_str(line);
         }
     }
+}
+
+/// The `var=suffix` pairs of a directive.
+fn assignments(text: &str) -> Vec<(&str, &str)> {
+    text.split_whitespace()
+        .filter_map(|v| v.split_once('='))
+        .collect()
+}
+
+/// `a, b = name_a, name_b`: each var set to the algorithm's function with its suffix, or to nil
+/// when none of that name is `declared`.
+fn set_vars(vars: &[(&str, &str)], algorithm: &str, declared: &[String]) -> String {
+    let targets: Vec<&str> = vars.iter().map(|(var, _)| *var).collect();
+    let values: Vec<String> = vars
+        .iter()
+        .map(|(_, suffix)| {
+            let function = format!("{algorithm}{suffix}");
+            if declared.contains(&function) {
+                function
+            } else {
+                "nil".to_owned()
+            }
+        })
+        .collect();
+    format!("{} = {}", targets.join(", "), values.join(", "))
 }
 
 #[cfg(test)]
@@ -68,5 +217,69 @@ mod tests {
         assert!(!script.body.contains("--#include"));
         assert!(script.body.ends_with("end\nb\n"));
         assert_eq!(script.sha, redis::Script::new(&script.body).get_hash());
+    }
+
+    /// One file per algorithm of the table, and no other: the scripts decide every algorithm.
+    #[test]
+    fn every_algorithm_has_its_file_and_every_file_its_algorithm() {
+        for spec in &ALGORITHMS {
+            let file = algorithm_file(spec.name);
+            assert!(
+                !section(file, "check").is_empty(),
+                "{}.lua has a check section",
+                spec.name
+            );
+            let refund = format!("{}_refund", spec.name);
+            assert!(
+                assigned(section(file, "refund")).any(|f| f == refund),
+                "{}.lua assigns {refund} in its refund section",
+                spec.name
+            );
+        }
+        for (stem, _) in ALGORITHM_FILES {
+            assert!(
+                ALGORITHMS.iter().any(|s| s.name == *stem),
+                "lua/algorithm/{stem}.lua is no algorithm of the table"
+            );
+        }
+    }
+
+    #[test]
+    fn one_check_has_each_algorithm_inline_and_several_have_functions() {
+        let script = Script::assemble("  --#decide_one\n--#decide_functions\n");
+        assert!(script.body.contains("  if alg == TOKEN_BUCKET then\n"));
+        assert!(script.body.contains("  elseif alg == SLIDING_LOG then\n"));
+        assert!(
+            script
+                .body
+                .contains("local token_bucket, token_bucket_store\nif used[TOKEN_BUCKET] then\n")
+        );
+        assert!(
+            script
+                .body
+                .contains("token_bucket = function(key, raw, cost, need, p1, p2, p3, p4, write)\n")
+        );
+        assert!(
+            script
+                .body
+                .contains("sliding_log_store = function(key, state, reset)\n")
+        );
+        assert!(!script.body.contains("--#"));
+    }
+
+    #[test]
+    fn algorithms_and_dispatch_take_what_each_section_assigns() {
+        let script = Script::assemble("--#algorithms refund\n  --#dispatch f=_refund\n");
+        assert!(
+            script
+                .body
+                .contains("local token_bucket_refund\nif used[TOKEN_BUCKET] then\n")
+        );
+        assert!(
+            script
+                .body
+                .contains("  if alg == TOKEN_BUCKET then f = token_bucket_refund\n")
+        );
+        assert!(!script.body.contains("--#"));
     }
 }

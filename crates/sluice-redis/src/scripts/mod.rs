@@ -3,26 +3,27 @@
 //! Each script is a `.lua` file in `lua/`, assembled once into a named static ([`CHECK`],
 //! [`REFUND`]) and called by `EVALSHA`, loaded again transparently on `NOSCRIPT` (see
 //! `connection.rs`). Assembly (`load.rs`) puts a prelude in front that names the algorithm codes
-//! (`algorithm.rs`, the one place they are defined), and replaces each `--#include <file>` line
-//! with a part the scripts share: the reading of the time (`clock.lua`), exact `a · b / c`
+//! (`algorithm.rs`, from the algorithm table of `sluice-core`), replaces each `--#include <file>`
+//! line with a part the scripts share: the reading of the time (`clock.lua`), exact `a · b / c`
 //! (`mul_div.lua`), and the helpers that convert between the stored and the computed forms of
-//! timestamps (`helpers.lua`).
+//! timestamps (`helpers.lua`), and puts in each algorithm's own Lua from its file in
+//! `lua/algorithm/` (one per algorithm, named as in the table, listed by `build.rs`).
 //!
 //! ## Cost per call
 //!
 //! `EVALSHA` runs a script's whole body on every call, so every `local function` and every table
-//! in it is created anew and then collected. [`CHECK`] therefore decides a call of one check
-//! (nearly every call but the bucketed window's, which loops over its buckets in the general
-//! path) in straight-line code on locals: one `GET` (or a few list reads for the
-//! sliding log), one `SET … PX`, no table, and no function but `mul_div` (token
-//! bucket, sliding counter) and the log's entry parser. On Redis 7.0 each C function call or
-//! string conversion in a script also costs a few hundred nanoseconds, so that path converts
-//! numbers by arithmetic (`x + 0`), takes remainders with `%`, compares the algorithm code as a
-//! string, and splits timestamps with `string.sub` rather than a pattern that backtracks. Calls
-//! of several checks, which must thread each key's state from check to check, take the general
-//! path after it, written with helpers and tables. The two paths decide identically;
-//! `tests/scripts.rs` runs both against the core's pure functions on a frozen clock, nanosecond
-//! for nanosecond.
+//! in it is created anew and then collected. An algorithm's file therefore holds its decision as
+//! blocks of straight-line Lua on locals, which [`CHECK`] runs two ways: inline for a call of one
+//! check (nearly every call), in a branch of one `if` chain on the algorithm code, with no
+//! function created but the algorithm's own helpers (`mul_div` for the token bucket and the
+//! sliding counter, the log's entry parser) and no table but the sliding log's state and the
+//! bucketed window's counts; and wrapped as functions for calls of several checks, which thread
+//! each key's state from check to check, created only for the algorithms the call uses. One
+//! source, so the two paths cannot decide differently; `tests/scripts.rs` runs both against the
+//! core's pure functions on a frozen clock, nanosecond for nanosecond. On Redis 7.0 each C
+//! function call or string conversion in a script also costs a few hundred nanoseconds, so the
+//! blocks convert numbers by arithmetic (`x + 0`), take remainders with `%`, compare the algorithm
+//! code as a string, and split timestamps with `string.sub` rather than a pattern that backtracks.
 //!
 //! ## Numbers in Lua
 //!
@@ -36,7 +37,7 @@
 //!   call runs in. A counter's timestamps lie within a window or two of now, so these numbers are
 //!   exact, and every algorithm decides exactly as the core's pure functions do;
 //! - every division is done on exact integers: the remainder first, then the exact quotient
-//!   `(a - r) / b`. The fast path takes the remainder with Lua's `a % b`, an operator rather than
+//!   `(a - r) / b`. The check script takes the remainder with Lua's `a % b`, an operator rather than
 //!   a function call: it is `a - floor(a / b) · b`, exact for integers `0 ≤ a < 2⁵³` (the
 //!   rounded quotient cannot cross an integer: the distance to the next one, at least `1 / b`,
 //!   exceeds half an ulp of `a / b`), and for negative `a` when `b` is 10⁹ or 10⁶ (every multiple

@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use sluice_core::{
-    Algorithm, Alignment, BucketedWindow, FixedWindow, Gcra, LeakyQueue, Policy, PolicyError, Rate,
-    SlidingCounter, SlidingLog, TokenBucket,
-};
+use sluice_core::algorithm::{Param, PolicyParams};
+use sluice_core::{Algorithm, Alignment, Policy, PolicyError};
 
 use super::Decoder;
 use super::fields::Fields;
@@ -17,19 +15,6 @@ use crate::suggest::closest;
 use crate::yaml::Node;
 
 const ALIGNMENTS: &[&str] = &["clock", "first_request"];
-const ALGORITHM_NAMES: &[&str] = &[
-    "token_bucket",
-    "gcra",
-    "leaky_queue",
-    "fixed_window",
-    "sliding_log",
-    "sliding_counter",
-    "bucketed_window",
-];
-
-/// How many buckets a `bucketed_window` has when the rule does not say: an hour in minutes, a
-/// minute in seconds.
-pub(crate) const DEFAULT_SUB_WINDOWS: u32 = 60;
 
 /// The optional algorithm parameters of one limit.
 #[derive(Default)]
@@ -49,7 +34,7 @@ impl Decoder {
             Ok(a) => Some(a),
             Err(_) => {
                 let kind = ErrorKind::UnknownAlgorithm {
-                    suggestion: closest(&text, ALGORITHM_NAMES),
+                    suggestion: closest(&text, &Algorithm::NAMES),
                     name: text,
                 };
                 self.error(node, kind);
@@ -66,36 +51,31 @@ impl Decoder {
         algorithm: Option<Algorithm>,
     ) -> Params<'n> {
         let mut params = Params::default();
-        for param in [
-            "burst",
-            "queue_size",
-            "max_wait",
-            "alignment",
-            "utc_offset",
-            "sub_windows",
-        ] {
-            let Some(n) = fields.get(param) else { continue };
-            if let Some(algorithm) = algorithm.filter(|a| !param_applies(param, *a)) {
+        for param in Param::ALL {
+            let Some(n) = fields.get(param.name()) else {
+                continue;
+            };
+            if let Some(algorithm) = algorithm.filter(|a| !a.spec().takes(param)) {
                 let kind = ErrorKind::ParamNotForAlgorithm {
-                    param: param_name(param),
+                    param: param_name(param.name()),
                     algorithm: algorithm.name(),
-                    applies_to: applies_to(param),
+                    applies_to: param.applies_to(),
                 };
                 self.error(n, kind);
                 continue;
             }
             match param {
-                "burst" => params.burst = self.uint("burst", n),
-                "queue_size" => params.queue_size = self.uint("queue_size", n),
-                "max_wait" => params.max_wait = self.duration("max_wait", n),
-                "alignment" => params.first_request = self.alignment(n),
+                Param::Burst => params.burst = self.uint("burst", n),
+                Param::QueueSize => params.queue_size = self.uint("queue_size", n),
+                Param::MaxWait => params.max_wait = self.duration("max_wait", n),
+                Param::Alignment => params.first_request = self.alignment(n),
                 // Past u32 it is refused by the policy with the largest count it takes.
-                "sub_windows" => {
+                Param::SubWindows => {
                     params.sub_windows = self
                         .uint("sub_windows", n)
                         .map(|v| u32::try_from(v).unwrap_or(u32::MAX));
                 }
-                _ => params.utc_offset = self.utc_offset(n).map(|o| (o, n)),
+                Param::UtcOffset => params.utc_offset = self.utc_offset(n).map(|o| (o, n)),
             }
         }
         if let (Some(true), Some((_, n))) = (params.first_request, params.utc_offset) {
@@ -116,71 +96,26 @@ impl Decoder {
     }
 }
 
-fn param_applies(param: &str, algorithm: Algorithm) -> bool {
-    match param {
-        "burst" => matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra),
-        "queue_size" | "max_wait" => algorithm == Algorithm::LeakyQueue,
-        "sub_windows" => algorithm == Algorithm::BucketedWindow,
-        _ => algorithm == Algorithm::FixedWindow,
-    }
-}
-
-fn applies_to(param: &str) -> &'static str {
-    match param {
-        "burst" => "token_bucket and gcra",
-        "queue_size" | "max_wait" => "leaky_queue",
-        "sub_windows" => "bucketed_window",
-        _ => "fixed_window",
-    }
-}
-
-/// Maps one limit onto a core policy. `requests_per_unit` is the amount per window for every
-/// algorithm; the rate-based ones default their burst or queue to that same amount, so switching
-/// the algorithm alone keeps the long-run rate.
+/// Maps one limit onto a core policy, as the algorithm table builds it. `requests_per_unit` is
+/// the amount per window for every algorithm; the rate-based ones default their burst or queue
+/// to that same amount, so switching the algorithm alone keeps the long-run rate.
 pub(super) fn build_policy(
     algorithm: Algorithm,
     window: Duration,
     requests: u64,
     params: &Params<'_>,
 ) -> Result<Policy, PolicyError> {
-    Ok(match algorithm {
-        Algorithm::TokenBucket => Policy::from(TokenBucket::new(
-            params.burst.unwrap_or(requests),
-            Rate::new(requests, window)?,
-        )?),
-        Algorithm::Gcra => Policy::from(Gcra::new(
-            Rate::new(requests, window)?,
-            params.burst.unwrap_or(requests),
-        )?),
-        Algorithm::LeakyQueue => Policy::from(LeakyQueue::new(
-            Rate::new(requests, window)?,
-            params.queue_size.unwrap_or(requests),
-            match params.max_wait {
-                Some(w) if w.is_zero() => {
-                    return Err(PolicyError::ZeroDuration {
-                        what: "maximum wait",
-                    });
-                }
-                Some(w) => w,
-                None => window,
-            },
-        )?),
-        Algorithm::FixedWindow => {
-            let alignment = if params.first_request == Some(true) {
-                Alignment::FirstRequest
-            } else {
-                Alignment::Clock {
-                    utc_offset_secs: params.utc_offset.map_or(0, |(o, _)| o),
-                }
-            };
-            Policy::from(FixedWindow::new(requests, window, alignment)?)
-        }
-        Algorithm::SlidingLog => Policy::from(SlidingLog::new(requests, window)?),
-        Algorithm::SlidingCounter => Policy::from(SlidingCounter::new(requests, window)?),
-        Algorithm::BucketedWindow => Policy::from(BucketedWindow::new(
-            requests,
-            window,
-            params.sub_windows.unwrap_or(DEFAULT_SUB_WINDOWS),
-        )?),
+    let alignment = match (params.first_request, params.utc_offset) {
+        (Some(true), _) => Some(Alignment::FirstRequest),
+        (_, Some((utc_offset_secs, _))) => Some(Alignment::Clock { utc_offset_secs }),
+        _ => None,
+    };
+    algorithm.spec().build(&PolicyParams {
+        burst: params.burst,
+        queue_size: params.queue_size,
+        max_wait: params.max_wait,
+        alignment,
+        sub_windows: params.sub_windows,
+        ..PolicyParams::new(requests, window)
     })
 }

@@ -84,7 +84,7 @@ impl Decoder {
 
         let algorithm_node = fields.get("algorithm");
         let algorithm = match algorithm_node {
-            None => Some(Algorithm::FixedWindow),
+            None => Some(Algorithm::DEFAULT),
             Some(n) => self.algorithm(n),
         };
 
@@ -154,10 +154,11 @@ impl Decoder {
                 return None;
             }
         };
-        let action = action.unwrap_or(match algorithm {
+        let action = action.unwrap_or(if algorithm.spec().costs.delays {
             // A shaper's point is to delay, so a queue delays unless told otherwise.
-            Algorithm::LeakyQueue => Action::Delay { max_wait: None },
-            _ => Action::Reject,
+            Action::Delay { max_wait: None }
+        } else {
+            Action::Reject
         });
         Some(LimitEntry::Limit(LimitConfig {
             name: name.map(Arc::from),

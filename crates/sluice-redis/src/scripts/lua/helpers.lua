@@ -1,5 +1,5 @@
--- The helpers of the refund script and of the check script's general path: exact integer
--- division, timestamp conversion, and reading and writing a counter's stored value.
+-- The helpers of the refund and sync scripts: exact integer division, timestamp conversion, and
+-- a check's arguments.
 
 local E9 = 1000000000
 --#include mul_div.lua
@@ -67,15 +67,6 @@ local function after_now(d)
   return string.format('%d%09d', s, r)
 end
 
-local function parse_entry(e)
-  local sp = string.find(e, ' ', 1, true)
-  return rel(string.sub(e, 1, sp - 1)), tonumber(string.sub(e, sp + 1))
-end
-
-local function entry(at, units)
-  return absolute(at) .. ' ' .. int(units)
-end
-
 -- Arguments of check i: algorithm, cost, p1..p4 and token.
 local function check_args(i)
   local b = 3 + (i - 1) * 7
@@ -87,51 +78,4 @@ end
 -- the reference start r (relative).
 local function grid_start(r, w)
   return r + floor_div(now - r, w) * w
-end
-
--- A counter's stored value, "<alg> <x> [<y> [<z>]]" (the bucketed window: "<alg> <x> <c>..."),
--- decoded for algorithm alg, or nil when fresh (absent, or stored under another algorithm). GCRA and the queue keep their time as a
--- backlog b, ns after now (negative when past).
-local function decode(alg, raw)
-  if raw == nil then return nil end
-  if alg == BUCKETED_WINDOW then
-    -- "<alg> <newest bucket start> <count>...", counts newest first, older zeros left off.
-    local a, start, rest = string.match(raw, '^(%d+) (%d+)(.*)$')
-    if a ~= alg then return nil end
-    local counts = {}
-    for c in string.gmatch(rest, '%d+') do counts[#counts + 1] = tonumber(c) end
-    return {start = rel(start), counts = counts}
-  end
-  local a, x, y, z = string.match(raw, '^(%d+) (%S+) ?(%S*) ?(%S*)$')
-  if a ~= alg then return nil end
-  if alg == TOKEN_BUCKET then return {tokens = tonumber(x), last = rel(y)} end
-  if alg == GCRA or alg == LEAKY_QUEUE then return {b = since_now(x)} end
-  if alg == FIXED_WINDOW then return {start = rel(x), count = tonumber(y)} end
-  if alg == SLIDING_COUNTER then
-    return {start = rel(x), current = tonumber(y), previous = tonumber(z)}
-  end
-  return nil
-end
-
-local function encode(alg, v)
-  if alg == BUCKETED_WINDOW then
-    local last = #v.counts
-    while last > 1 and v.counts[last] == 0 do last = last - 1 end
-    local parts = {alg, absolute(v.start)}
-    for j = 1, last do parts[#parts + 1] = int(v.counts[j]) end
-    return table.concat(parts, ' ')
-  end
-  if alg == TOKEN_BUCKET then return alg .. ' ' .. int(v.tokens) .. ' ' .. absolute(v.last) end
-  if alg == GCRA or alg == LEAKY_QUEUE then return alg .. ' ' .. after_now(v.b) end
-  if alg == FIXED_WINDOW then return alg .. ' ' .. absolute(v.start) .. ' ' .. int(v.count) end
-  return alg .. ' ' .. absolute(v.start) .. ' ' .. int(v.current) .. ' ' .. int(v.previous)
-end
-
--- A key's type and, for a string, its value: one GET in the common case, since a GET on the
--- sliding log's list fails with WRONGTYPE.
-local function read_state(key)
-  local r = redis.pcall('GET', key)
-  if r == false or r == nil then return 'none', nil end
-  if type(r) == 'table' then return redis.call('TYPE', key)['ok'], nil end
-  return 'string', r
 end
