@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_core::{Decision, Policy, Timestamp};
 
-use crate::local::{Local, window_end};
+use crate::local::{Local, is_bucket, window_end};
 
 /// One key's entry: its local state, and what it owes the global count.
 #[derive(Debug)]
@@ -37,7 +37,7 @@ pub(crate) struct Entry {
 
 impl Entry {
     pub(crate) fn add_pending(&mut self, end: Timestamp, units: u64, dropped: &AtomicU64) {
-        if is_bucket(&self.policy) {
+        if is_bucket(self.policy.algorithm()) {
             // One batch per key, dated by its latest unit: the sync counts the batch as admitted
             // then, so that refill since is not taken from it.
             match self.pending.first_mut() {
@@ -73,7 +73,7 @@ impl Entry {
         now: Timestamp,
         dropped: &AtomicU64,
     ) {
-        let end = if is_bucket(policy) {
+        let end = if is_bucket(policy.algorithm()) {
             now
         } else {
             window_end(policy, &state)
@@ -116,10 +116,4 @@ impl Entry {
             renew_at: Timestamp::EPOCH,
         }
     }
-}
-
-/// Whether `policy` is a bucket (token bucket or GCRA), whose units are dated by when they were
-/// admitted rather than by a window.
-fn is_bucket(policy: &Policy) -> bool {
-    matches!(policy, Policy::TokenBucket(_) | Policy::Gcra(_))
 }

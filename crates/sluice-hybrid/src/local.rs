@@ -1,10 +1,13 @@
 //! One key's local state: the core algorithm's own state on this instance's clock, rebuilt from
-//! the global state after each sync, with the units admitted since laid on top.
+//! the global state after each sync, with the units admitted since laid on top; and each
+//! algorithm's part of the sync's wire (its policy's arguments, its reply), so that everything
+//! the hybrid store knows of an algorithm is here.
 
 use std::time::Duration;
 
 use sluice_core::{
-    Decision, FixedWindowState, Policy, SlidingCounterState, Timestamp, TokenBucketState,
+    Algorithm, Alignment, Decision, FixedWindowState, Policy, SlidingCounterState, Timestamp,
+    TokenBucketState,
 };
 
 use crate::sync::GlobalState;
@@ -107,8 +110,8 @@ pub(crate) fn from_global(
             // On clock-aligned windows the core finds the window on this clock: keep its start,
             // so that a Redis clock a little ahead does not read as a window of its own.
             let local_start = match p.alignment() {
-                sluice_core::Alignment::Clock { .. } => p.window_start(Timestamp::EPOCH, now),
-                sluice_core::Alignment::FirstRequest => {
+                Alignment::Clock { .. } => p.window_start(Timestamp::EPOCH, now),
+                Alignment::FirstRequest => {
                     Timestamp::from_nanos(end.as_nanos().saturating_sub(window))
                 }
             };
@@ -169,6 +172,77 @@ pub(crate) fn from_global(
         (Policy::Gcra(_), GlobalState::Backlog(b)) => Some(Local::Gcra(now.saturating_add(b))),
         _ => None,
     }
+}
+
+/// Whether `algorithm` is a bucket (token bucket or GCRA), whose units are dated by when they
+/// were admitted rather than by a window.
+pub(crate) fn is_bucket(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra)
+}
+
+/// The sync script's three numbers of `policy` after its code (see `sync.lua`): the window and
+/// its alignment with a window start near `now` (the application clock) for the windowed
+/// algorithms; the rate's period and amount, or the emission interval, for the buckets. `None`
+/// for a policy the hybrid store does not hold.
+pub(crate) fn sync_params(policy: &Policy, now: Timestamp) -> Option<(u64, u64, String)> {
+    Some(match policy {
+        Policy::FixedWindow(p) => {
+            let window = nanos(p.window());
+            match p.alignment() {
+                Alignment::Clock { .. } => (
+                    window,
+                    0,
+                    p.window_start(Timestamp::EPOCH, now).as_nanos().to_string(),
+                ),
+                Alignment::FirstRequest => (window, 1, "-".to_owned()),
+            }
+        }
+        Policy::SlidingCounter(p) => {
+            let window = nanos(p.window());
+            let n = now.as_nanos();
+            (window, 0, (n - n % window).to_string())
+        }
+        Policy::TokenBucket(p) => (nanos(p.rate().per()), p.rate().amount().max(1), "-".into()),
+        Policy::Gcra(p) => (nanos(p.emission_interval()), 1, "-".to_owned()),
+        _ => return None,
+    })
+}
+
+/// How many integers of the sync script's reply belong to an entry of `policy`.
+pub(crate) fn reply_width(policy: &Policy) -> usize {
+    match policy {
+        Policy::SlidingCounter(_) => 4,
+        Policy::FixedWindow(_) => 3,
+        _ => 2,
+    }
+}
+
+/// The global state and the grant in an entry's integers of the sync script's reply, the first
+/// [`reply_width`] of `n`. `None` for a policy the hybrid store does not hold.
+pub(crate) fn from_reply(policy: &Policy, n: [i64; 4]) -> Option<(GlobalState, i64)> {
+    let dur = |n: i64| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    Some(match (policy, n) {
+        (Policy::FixedWindow(_), [c, e, g, _]) => (
+            GlobalState::Window {
+                count: count(c),
+                to_end: dur(e),
+            },
+            g,
+        ),
+        (Policy::SlidingCounter(_), [c, p, e, g]) => (
+            GlobalState::Sliding {
+                current: count(c),
+                previous: count(p),
+                to_end: dur(e),
+            },
+            g,
+        ),
+        (Policy::TokenBucket(_) | Policy::Gcra(_), [b, g, _, _]) => {
+            (GlobalState::Backlog(dur(b)), g)
+        }
+        _ => return None,
+    })
 }
 
 /// `state` with `units` more admitted at `now`, counted in the window ending at `end`: what

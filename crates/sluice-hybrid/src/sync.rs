@@ -12,9 +12,14 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use foldhash::fast::FixedState;
-use sluice_core::{Alignment, Policy, StoreError, StoreResult, Timestamp, UnsupportedPolicy};
+use sluice_core::{
+    ALGORITHMS, AlgorithmSpec, Policy, StoreError, StoreResult, Support, Timestamp,
+    UnsupportedPolicy,
+};
 use sluice_redis::algorithm_code as code;
 use sluice_redis::{RedisStore, Script, Value, app_now, slot};
+
+use crate::local::{from_reply, is_bucket, reply_width, sync_params};
 
 /// Pushes each key's locally admitted units and returns its global state; see `sync.lua` for
 /// `KEYS`, `ARGV` and the reply, and [`sync_batch`] for the caller.
@@ -96,28 +101,41 @@ pub enum GlobalState {
     Backlog(Duration),
 }
 
-/// Whether the hybrid store can hold `policy`: fixed windows, sliding counters, token buckets and
-/// GCRA, within the numbers Redis's Lua can hold exactly. The sliding log (one entry per request)
-/// and the queue (each admitted request is given its own release time) have no state that
-/// instances can add up between syncs, so they are refused with a reason.
+/// Whether the hybrid store can hold `policy`: the algorithms whose table entry the hybrid store
+/// holds (a state that instances can add up between syncs), within the numbers Redis's Lua can
+/// hold exactly. Any other is refused with what it keeps that cannot be added up.
 pub fn hybrid_supports(policy: &Policy) -> Result<(), UnsupportedPolicy> {
-    let refuse = |what: &str| UnsupportedPolicy {
-        store: "hybrid",
-        reason: format!(
-            "{what} has no state that instances can add up between syncs; use fixed_window, \
-             sliding_counter, token_bucket or gcra with the hybrid store, or use the redis store"
-        ),
-    };
-    match policy {
-        Policy::SlidingLog(_) => Err(refuse("sliding_log (one entry per request)")),
-        Policy::LeakyQueue(_) => Err(refuse("leaky_queue (a release time per request)")),
-        Policy::BucketedWindow(_) => Err(refuse(
-            "bucketed_window (a count per sub-window, which the sync does not carry)",
-        )),
-        _ => sluice_redis::supports(policy).map_err(|e| UnsupportedPolicy {
+    let spec = policy.algorithm().spec();
+    match spec.stores.hybrid {
+        Support::Refused(why) => Err(UnsupportedPolicy {
+            store: "hybrid",
+            reason: format!(
+                "{} ({why}) has no state that instances can add up between syncs; use {} with \
+                 the hybrid store, or use the redis store",
+                spec.name,
+                held_names()
+            ),
+        }),
+        Support::Held => sluice_redis::supports(policy).map_err(|e| UnsupportedPolicy {
             store: "hybrid",
             reason: e.reason,
         }),
+    }
+}
+
+/// The algorithms the hybrid store holds, for messages: the windows, then the buckets, each in
+/// the table's order (`fixed_window, sliding_counter, token_bucket or gcra`).
+fn held_names() -> String {
+    let mut held: Vec<&AlgorithmSpec> = ALGORITHMS
+        .iter()
+        .filter(|s| s.stores.hybrid == Support::Held)
+        .collect();
+    held.sort_by_key(|s| is_bucket(s.algorithm));
+    let names: Vec<&str> = held.iter().map(|s| s.name).collect();
+    match names.split_last() {
+        None => String::new(),
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
     }
 }
 
@@ -131,30 +149,12 @@ fn push_policy(
     now: Timestamp,
 ) -> StoreResult<()> {
     hybrid_supports(policy).map_err(|u| StoreError::Rejected(u.to_string()))?;
-    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-    let (a, b, reference) = match policy {
-        Policy::FixedWindow(p) => {
-            let window = nanos(p.window());
-            match p.alignment() {
-                Alignment::Clock { .. } => (
-                    window,
-                    0,
-                    p.window_start(Timestamp::EPOCH, now).as_nanos().to_string(),
-                ),
-                Alignment::FirstRequest => (window, 1, "-".to_owned()),
-            }
-        }
-        Policy::SlidingCounter(p) => {
-            let window = nanos(p.window());
-            let n = now.as_nanos();
-            (window, 0, (n - n % window).to_string())
-        }
-        Policy::TokenBucket(p) => (nanos(p.rate().per()), p.rate().amount().max(1), "-".into()),
-        Policy::Gcra(p) => (nanos(p.emission_interval()), 1, "-".to_owned()),
-        Policy::SlidingLog(_) | Policy::LeakyQueue(_) | Policy::BucketedWindow(_) => {
-            unreachable!("refused above")
-        }
-    };
+    let (a, b, reference) = sync_params(policy, now).ok_or_else(|| {
+        StoreError::Rejected(format!(
+            "the sync script has no arguments for a {} key",
+            policy.algorithm()
+        ))
+    })?;
     args.push(code(policy.algorithm()).to_string());
     args.push(a.to_string());
     args.push(b.to_string());
@@ -215,15 +215,6 @@ fn whole_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// How many integers of the sync script's reply belong to an entry of `policy`.
-fn reply_width(policy: &Policy) -> usize {
-    match policy {
-        Policy::SlidingCounter(_) => 4,
-        Policy::FixedWindow(_) => 3,
-        _ => 2,
-    }
-}
-
 /// One entry's integers of the sync script's reply (see `sync.lua`), [`reply_width`] of them
 /// packed, 8 bytes each.
 fn decode(policy: &Policy, reply: &[u8]) -> StoreResult<Synced> {
@@ -233,34 +224,12 @@ fn decode(policy: &Policy, reply: &[u8]) -> StoreResult<Synced> {
         le.copy_from_slice(bytes);
         *slot = i64::from_le_bytes(le);
     }
-    let dur = |n: i64| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let (state, grant) = match (policy, n) {
-        (Policy::FixedWindow(_), [c, e, g, _]) => (
-            GlobalState::Window {
-                count: count(c),
-                to_end: dur(e),
-            },
-            g,
-        ),
-        (Policy::SlidingCounter(_), [c, p, e, g]) => (
-            GlobalState::Sliding {
-                current: count(c),
-                previous: count(p),
-                to_end: dur(e),
-            },
-            g,
-        ),
-        (Policy::TokenBucket(_) | Policy::Gcra(_), [b, g, _, _]) => {
-            (GlobalState::Backlog(dur(b)), g)
-        }
-        _ => {
-            return Err(StoreError::Rejected(format!(
-                "the sync script has no state for a {} key",
-                policy.algorithm()
-            )));
-        }
-    };
+    let (state, grant) = from_reply(policy, n).ok_or_else(|| {
+        StoreError::Rejected(format!(
+            "the sync script has no state for a {} key",
+            policy.algorithm()
+        ))
+    })?;
     Ok(Synced {
         state,
         grant: u64::try_from(grant).ok(),
@@ -358,4 +327,48 @@ pub async fn sync_batch(
 /// Forgets a hybrid counter in Redis. Returns whether it existed.
 pub(crate) async fn reset_hybrid(redis: &RedisStore, identity: &str) -> StoreResult<bool> {
     redis.delete(&hybrid_key(redis, identity)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sluice_core::{BucketedWindow, LeakyQueue, Rate, SlidingLog};
+
+    use super::*;
+
+    /// The refusals read from the table say what the algorithm keeps and list the algorithms
+    /// the hybrid store holds, windows first.
+    #[test]
+    fn refusals_name_what_cannot_be_added_up_and_what_to_use() {
+        let second = Duration::from_secs(1);
+        let refused: [(Policy, &str); 3] = [
+            (
+                SlidingLog::new(5, second).unwrap().into(),
+                "sliding_log (one entry per request)",
+            ),
+            (
+                LeakyQueue::new(Rate::per_second(5), 4, second)
+                    .unwrap()
+                    .into(),
+                "leaky_queue (a release time per request)",
+            ),
+            (
+                BucketedWindow::new(5, second, 1).unwrap().into(),
+                "bucketed_window (a count per sub-window, which the sync does not carry)",
+            ),
+        ];
+        for (policy, what) in refused {
+            let e = hybrid_supports(&policy).unwrap_err();
+            assert_eq!(e.store, "hybrid");
+            assert_eq!(
+                e.reason,
+                format!(
+                    "{what} has no state that instances can add up between syncs; use \
+                     fixed_window, sliding_counter, token_bucket or gcra with the hybrid store, \
+                     or use the redis store"
+                )
+            );
+        }
+    }
 }
