@@ -283,6 +283,31 @@ impl Policy {
     }
 }
 
+/// Policies the service itself needs, whatever its rules say.
+impl Policy {
+    /// The policy a readiness probe peeks at to see that a store answers (`/readyz`): one unit a
+    /// second from a key's first request, which every store holds.
+    pub fn probe() -> Policy {
+        FixedWindow::probe().into()
+    }
+
+    /// A limit in Envoy's rule format, as a per-request override gives one: `limit` per `unit`
+    /// on windows aligned on the UTC clock, the algorithm Envoy counts every limit with.
+    pub fn envoy_limit(limit: u64, unit: Duration) -> Result<Policy, PolicyError> {
+        Ok(FixedWindow::envoy(limit, unit)?.into())
+    }
+
+    /// When this is a limit Envoy counts (a fixed window aligned on the clock), the policy of
+    /// the counter beside it on the same windows that holds up to `capacity`: where usage that
+    /// Envoy reports beyond the limit goes. `None` for any other policy.
+    pub fn envoy_overflow(&self, capacity: u64) -> Option<Policy> {
+        match self {
+            Policy::FixedWindow(p) => p.envoy_overflow(capacity).map(Policy::from),
+            _ => None,
+        }
+    }
+}
+
 impl Policy {
     /// The four numbers a store's script decides this policy on (the Redis scripts' `p1..p4`);
     /// `now` (the application's clock) only names a window start near it for windows on a grid.

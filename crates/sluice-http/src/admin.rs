@@ -64,14 +64,7 @@ async fn readyz(State(state): State<AdminState>) -> Response {
                 .into_response();
         }
     }
-    let probe = match sluice_core::FixedWindow::new(
-        1,
-        Duration::from_secs(1),
-        sluice_core::Alignment::FirstRequest,
-    ) {
-        Ok(p) => Policy::from(p),
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    };
+    let probe = Policy::probe();
     let store = state.limiter.store().clone();
     let answer = tokio::time::timeout(Duration::from_secs(1), async move {
         store.peek("sluice:readyz", &probe).await.map(|_| ())

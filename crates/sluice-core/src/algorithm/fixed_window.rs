@@ -169,6 +169,38 @@ impl FixedWindow {
         Ok(FixedWindow::new(p.requests, p.window, alignment)?.into())
     }
 
+    /// The policy a readiness probe peeks at to see that a store answers: one unit a second
+    /// from a key's first request, which every store holds.
+    pub(crate) fn probe() -> FixedWindow {
+        let window = 1_000_000_000;
+        FixedWindow {
+            limit: 1,
+            window,
+            alignment: Alignment::FirstRequest,
+            shift: 0,
+            window_div: Divisor::new(window),
+        }
+    }
+
+    /// A limit in Envoy's rule format, as a per-request override gives one: `limit` per `unit`,
+    /// on windows aligned on the UTC clock, as Envoy counts every limit.
+    pub(crate) fn envoy(limit: u64, unit: Duration) -> Result<FixedWindow, PolicyError> {
+        FixedWindow::new(limit, unit, Alignment::Clock { utc_offset_secs: 0 })
+    }
+
+    /// When this is a limit Envoy counts (windows aligned on the clock), the counter beside it
+    /// on the same windows that holds up to `capacity`: where usage Envoy reports beyond the
+    /// limit goes. `None` for windows that start at a key's first request.
+    pub(crate) fn envoy_overflow(&self, capacity: u64) -> Option<FixedWindow> {
+        match self.alignment {
+            Alignment::Clock { .. } => Some(FixedWindow {
+                limit: capacity,
+                ..*self
+            }),
+            Alignment::FirstRequest => None,
+        }
+    }
+
     /// The values of the table's key fields: limit, window and alignment.
     pub(crate) fn key_values(&self) -> Vec<String> {
         vec![

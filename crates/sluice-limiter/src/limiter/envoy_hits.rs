@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use sluice_core::{Alignment, Check, FixedWindow, Policy};
+use sluice_core::{Check, Policy};
 use sluice_rules::MatchedCheck;
 
 use super::Limiter;
@@ -85,14 +85,7 @@ pub(super) fn reported_beyond(request: &LimitRequest, c: &MatchedCheck) -> Optio
     if !c.rule.mode.enforces() || !request.descriptors[c.descriptor].envoy_hits {
         return None;
     }
-    match &*c.rule.policy {
-        Policy::FixedWindow(p) if matches!(p.alignment(), Alignment::Clock { .. }) => {
-            FixedWindow::new(OVER_CAPACITY, p.window(), p.alignment())
-                .ok()
-                .map(Policy::from)
-        }
-        _ => None,
-    }
+    c.rule.policy.envoy_overflow(OVER_CAPACITY)
 }
 
 /// The key of the counter that holds what Envoy-counted usage adds beyond the limit of `key`:

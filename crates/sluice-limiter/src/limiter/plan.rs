@@ -7,7 +7,7 @@ use std::hash::Hasher;
 use std::sync::{Arc, LazyLock};
 
 use siphasher::sip128::{Hasher128, SipHasher13};
-use sluice_core::{Alignment, FixedWindow, Policy};
+use sluice_core::Policy;
 use sluice_rules::{
     Action, LimitConfig, Location, MatchedCheck, Matches, OnStoreError, Rule, RuleSet,
 };
@@ -78,12 +78,7 @@ fn override_check(
     o: LimitOverride,
     cost: u64,
 ) -> Option<MatchedCheck> {
-    let policy = FixedWindow::new(
-        o.requests_per_unit,
-        o.unit.duration(),
-        Alignment::Clock { utc_offset_secs: 0 },
-    )
-    .ok()?;
+    let policy = Policy::envoy_limit(o.requests_per_unit, o.unit.duration()).ok()?;
     let mut h = SipHasher13::new_with_keys(0x6f76_6572_7269_6465, 0x736c_7569_6365_0001);
     for part in
         std::iter::once(domain).chain(d.entries.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]))
@@ -99,7 +94,7 @@ fn override_check(
     );
     let limit = LimitConfig {
         name: None,
-        policy: Arc::new(Policy::from(policy)),
+        policy: Arc::new(policy),
         replaces: Vec::new(),
         action: Action::Reject,
         shadow: false,
