@@ -13,42 +13,51 @@
 use std::time::Duration;
 
 use sluice_core::{
-    BucketedWindow, Check, FakeClock, MemoryStore, Policy, PolicyError, SlidingCounter, SlidingLog,
-    SlidingLogState,
+    ALGORITHMS, Algorithm, Check, FakeClock, MemoryStore, Param, Policy, PolicyError, PolicyParams,
+    SlidingLog, SlidingLogState,
 };
 
 use crate::rng::Rng;
 use crate::run::START;
 
-/// The algorithm whose decisions are compared with the exact log's.
+/// The algorithm whose decisions are compared with the exact log's: one that the algorithm table
+/// says estimates the sliding log, with its sub-windows when it takes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Estimator {
-    /// Two fixed windows, the previous one weighted by its overlap.
-    SlidingCounter,
-    /// The window in this many buckets.
-    BucketedWindow {
-        /// How many buckets.
-        sub_windows: u32,
-    },
+pub struct Estimator {
+    algorithm: Algorithm,
+    sub_windows: Option<u32>,
 }
 
 impl Estimator {
+    /// The algorithm that estimates the sliding log: the first in the table that takes
+    /// sub-windows when `sub_windows` is given (the bucketed window), the first that does not
+    /// otherwise (the sliding counter). `None` when the table has no such algorithm.
+    pub fn of_log(sub_windows: Option<u32>) -> Option<Estimator> {
+        ALGORITHMS
+            .iter()
+            .find(|s| {
+                s.estimates == Some(Algorithm::SlidingLog)
+                    && s.takes(Param::SubWindows) == sub_windows.is_some()
+            })
+            .map(|s| Estimator {
+                algorithm: s.algorithm,
+                sub_windows,
+            })
+    }
+
     /// The algorithm's name, with its buckets.
     pub fn describe(self) -> String {
-        match self {
-            Estimator::SlidingCounter => "sliding_counter".to_owned(),
-            Estimator::BucketedWindow { sub_windows } => {
-                format!("bucketed_window ({sub_windows} sub-windows)")
-            }
+        let name = self.algorithm.name();
+        match self.sub_windows {
+            Some(sub_windows) => format!("{name} ({sub_windows} sub-windows)"),
+            None => name.to_owned(),
         }
     }
 
     fn policy(self, limit: u64, window: Duration) -> Result<Policy, PolicyError> {
-        Ok(match self {
-            Estimator::SlidingCounter => SlidingCounter::new(limit, window)?.into(),
-            Estimator::BucketedWindow { sub_windows } => {
-                BucketedWindow::new(limit, window, sub_windows)?.into()
-            }
+        self.algorithm.spec().build(&PolicyParams {
+            sub_windows: self.sub_windows,
+            ..PolicyParams::new(limit, window)
         })
     }
 }
@@ -84,7 +93,8 @@ impl Default for Setup {
     /// and the long tail is far under.
     fn default() -> Self {
         Setup {
-            estimator: Estimator::SlidingCounter,
+            estimator: Estimator::of_log(None)
+                .unwrap_or_else(|| panic!("the algorithm table names no estimator of the log")),
             requests: 1_000_000,
             keys: 10_000,
             zipf: 1.0,
@@ -383,7 +393,7 @@ mod tests {
     fn finer_buckets_err_less_and_only_by_admitting() {
         let with = |sub_windows| {
             measure(&Setup {
-                estimator: Estimator::BucketedWindow { sub_windows },
+                estimator: Estimator::of_log(Some(sub_windows)).unwrap(),
                 ..small()
             })
             .unwrap()
@@ -398,6 +408,21 @@ mod tests {
         // may admit what the log refuses, never the reverse.
         assert_eq!(fine.wrongly_rejected, 0, "{fine:?}");
         assert!(fine.wrongly_admitted > 0, "{fine:?}");
+    }
+
+    #[test]
+    fn the_table_names_the_sliding_counter_and_the_bucketed_window_as_estimators() {
+        assert_eq!(Setup::default().estimator.describe(), "sliding_counter");
+        let buckets = Estimator::of_log(Some(60)).unwrap();
+        assert_eq!(buckets.describe(), "bucketed_window (60 sub-windows)");
+        assert_eq!(
+            buckets.policy(10, Duration::from_secs(60)),
+            Ok(
+                sluice_core::BucketedWindow::new(10, Duration::from_secs(60), 60)
+                    .unwrap()
+                    .into()
+            )
+        );
     }
 
     #[test]

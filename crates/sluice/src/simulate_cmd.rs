@@ -149,10 +149,8 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
 fn measure_counter_error(args: &SimulateArgs) -> anyhow::Result<()> {
     let defaults = Setup::default();
     let setup = Setup {
-        estimator: match args.sub_windows {
-            Some(sub_windows) => Estimator::BucketedWindow { sub_windows },
-            None => Estimator::SlidingCounter,
-        },
+        estimator: Estimator::of_log(args.sub_windows)
+            .context("no algorithm in the table estimates the sliding log")?,
         requests: args.requests,
         keys: args.keys.max(1),
         limit: args.limit.unwrap_or(defaults.limit),

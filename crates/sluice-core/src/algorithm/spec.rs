@@ -23,6 +23,9 @@ pub struct AlgorithmSpec {
     pub stores: Stores,
     /// Which costs a request may have.
     pub costs: Costs,
+    /// The exact algorithm whose decisions this one estimates in less memory, if any: the
+    /// simulator measures how often the two decide differently (`simulate --counter-error`).
+    pub estimates: Option<Algorithm>,
     /// The fields that identify one of its policies, in the order of the counter key's policy
     /// id (`token_bucket;capacity=10;rate=10/1000000000`). Changing them moves every counter.
     pub key_fields: &'static [&'static str],
