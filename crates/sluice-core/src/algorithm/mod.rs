@@ -33,6 +33,7 @@ pub use store_form::{Magnitude, StoreParams};
 pub use token_bucket::{TokenBucket, TokenBucketState};
 
 use crate::policy::Algorithm;
+use sliding_counter::INSTEAD_OF_A_LARGE_LOG;
 
 /// Every algorithm, in documentation order; `Algorithm::ALL` follows it.
 pub const ALGORITHMS: [AlgorithmSpec; 7] = [

@@ -20,6 +20,11 @@ use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
 
+/// What to use instead of a sliding log whose limit is too large for its memory: the sliding
+/// counter, which keeps two counters whatever the limit.
+pub(super) const INSTEAD_OF_A_LARGE_LOG: &str =
+    "use sliding_counter, whose memory does not grow with the limit";
+
 /// Sliding counter parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlidingCounter {

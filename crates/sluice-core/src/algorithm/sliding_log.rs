@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::INSTEAD_OF_A_LARGE_LOG;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
 use crate::algorithm::{Magnitude, StoreParams};
@@ -42,7 +43,7 @@ impl SlidingLog {
             limit,
             Self::MAX_LIMIT,
             Algorithm::SlidingLog,
-            "use sliding_counter, whose memory does not grow with the limit",
+            INSTEAD_OF_A_LARGE_LOG,
         )?;
         Ok(SlidingLog { limit, window })
     }
