@@ -87,7 +87,18 @@ mod tests {
 
     #[test]
     fn ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
-        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        // Each port is bound as soon as it is handed out and held: other processes on the
+        // machine walk the same range, so a port checked again later may be theirs by then.
+        let held: Vec<(u16, TcpListener)> = (0..200)
+            .map(|_| {
+                let port = free_port();
+                let listener = TcpListener::bind(("127.0.0.1", port)).unwrap_or_else(|e| {
+                    panic!("port {port} was handed out but binds no more: {e}")
+                });
+                (port, listener)
+            })
+            .collect();
+        let ports: Vec<u16> = held.iter().map(|(port, _)| *port).collect();
         let mut distinct = ports.clone();
         distinct.sort_unstable();
         distinct.dedup();
@@ -102,9 +113,6 @@ mod tests {
             )
             .unwrap();
             assert!(!range.contains(&outgoing.local_addr().unwrap().port()));
-        }
-        for port in ports {
-            TcpListener::bind(("127.0.0.1", port)).unwrap();
         }
     }
 }
