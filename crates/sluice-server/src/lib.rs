@@ -21,6 +21,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod api;
+mod body_deadline;
 pub mod compat;
 pub mod debug;
 pub mod envoy;
