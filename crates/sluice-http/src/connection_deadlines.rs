@@ -243,3 +243,78 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+    use crate::lifecycle::Lifecycle;
+
+    async fn serving(limits: ConnectionLimits) -> (Lifecycle, SocketAddr) {
+        let mut service = Lifecycle::new(limits);
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "up" }));
+        let addr = service
+            .listen(SocketAddr::from(([127, 0, 0, 1], 0)), app)
+            .await
+            .unwrap();
+        (service, addr)
+    }
+
+    /// How long until the server closes `socket`, reading (and discarding) what it sends; at
+    /// most an hour of the test's clock.
+    async fn closed_after(mut socket: TcpStream) -> Duration {
+        let started = Instant::now();
+        let mut sink = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(3600), socket.read_to_end(&mut sink));
+        assert!(read.await.is_ok(), "still open after an hour");
+        started.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_sends_no_request_head_is_closed_at_the_header_timeout() {
+        let limits = ConnectionLimits {
+            header_read: Duration::from_secs(10),
+            ..ConnectionLimits::default()
+        };
+        let (service, addr) = serving(limits).await;
+        for sent in [&b""[..], b"PRI * HTTP/2.0", b"GET / HTTP/1.1\r\nHost:"] {
+            let mut socket = TcpStream::connect(addr).await.unwrap();
+            socket.write_all(sent).await.unwrap();
+            let held = closed_after(socket).await;
+            assert!(
+                (Duration::from_secs(10)..Duration::from_secs(11)).contains(&held),
+                "{:?} held {held:?}",
+                String::from_utf8_lossy(sent)
+            );
+        }
+        service.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_with_nothing_in_flight_is_closed_at_the_idle_timeout() {
+        let limits = ConnectionLimits {
+            header_read: Duration::from_secs(3600),
+            idle: Duration::from_secs(60),
+            ..ConnectionLimits::default()
+        };
+        let (service, addr) = serving(limits).await;
+        let mut socket = TcpStream::connect(addr).await.unwrap();
+        socket
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = [0; 12];
+        socket.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 200");
+        let held = closed_after(socket).await;
+        assert!(
+            (Duration::from_secs(60)..Duration::from_secs(61)).contains(&held),
+            "held {held:?}"
+        );
+        service.shutdown().await;
+    }
+}
