@@ -28,6 +28,7 @@
 #[cfg(feature = "axum")]
 pub mod admin;
 pub mod client_ip;
+pub mod connection_deadlines;
 mod dashboard;
 mod enforce;
 pub mod extract;

@@ -1,6 +1,7 @@
 //! Serving connections with the limits a public listener needs: a client must send its request
 //! head within a time (a slowloris holding connections open by trickling headers is closed), an
-//! h2 client that stops answering pings is dropped, connections are capped in total and per
+//! h2 client that stops answering pings is dropped, one that sends nothing or stays idle is
+//! closed ([`connection_deadlines`](crate::connection_deadlines)), connections are capped in total and per
 //! client address, running out of file descriptors slows accepting instead of spinning, and
 //! stopping lets the requests in flight finish. The service, the gateway and the gateway's admin
 //! listener all serve through here.
@@ -14,12 +15,12 @@ use std::time::{Duration, Instant};
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tower_service::Service;
 
 use crate::PeerAddr;
+use crate::connection_deadlines::{Activity, Tracked, drive};
 
 /// How many connections a listener holds, and how long they may take and stay idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +31,9 @@ pub struct ConnectionLimits {
     /// How often an idle h2 connection is pinged; one that does not answer within as long again
     /// is closed.
     pub h2_keep_alive: Duration,
+    /// How long a connection may go with no request in flight before it is closed (gracefully:
+    /// an h2 client is sent `GOAWAY`). A client that answers pings is otherwise held for ever.
+    pub idle: Duration,
     /// Open connections at most; one more is closed as soon as it is accepted.
     pub max_connections: usize,
     /// Open connections from one client address at most. Behind a load balancer every
@@ -39,16 +43,24 @@ pub struct ConnectionLimits {
 
 impl Default for ConnectionLimits {
     /// 10 s for a request head (nginx's `client_header_timeout` is 60 s; a rate limiter's clients
-    /// send small heads), a ping every 30 s, 16,384 connections, 1,024 from one address.
+    /// send small heads), a ping every 30 s, closed after 5 minutes idle (Envoy's own idle
+    /// timeout for upstream connections is an hour; a client whose connection is closed opens
+    /// another), 16,384 connections, 1,024 from one address.
     fn default() -> Self {
         ConnectionLimits {
             header_read: Duration::from_secs(10),
             h2_keep_alive: Duration::from_secs(30),
+            idle: Duration::from_secs(300),
             max_connections: 16_384,
             max_per_ip: 1_024,
         }
     }
 }
+
+/// Streams one h2 connection may have open at once, on every listener (hyper's default, which
+/// the HTTP listeners always had; the gRPC one had none). Each stream past it is refused with
+/// `REFUSED_STREAM`, which a client may retry: nothing of it was served.
+pub const H2_MAX_STREAMS: u32 = 200;
 
 /// How long accepting pauses when the process is out of file descriptors.
 const EMFILE_BACKOFF: Duration = Duration::from_millis(100);
@@ -81,9 +93,11 @@ pub async fn serve_connections<S, B>(
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
         .keep_alive_interval(limits.h2_keep_alive)
         .keep_alive_timeout(limits.h2_keep_alive);
-    let graceful = GracefulShutdown::new();
+    // Every connection's task holds a clone; stopping waits until all are dropped.
+    let (open, mut all_closed) = mpsc::channel::<()>(1);
     let mut admission = Admission::new(limits);
     // Its own log, so that a burst of refusals never holds back this line or mixes the counts.
     let mut out_of_descriptors = RateLimitedLog::default();
@@ -118,30 +132,35 @@ pub async fn serve_connections<S, B>(
         };
         let _ = stream.set_nodelay(true);
         let service = service.clone();
-        // Every request carries the peer's address.
+        let activity = Activity::new();
+        let seen = activity.clone();
+        // Every request carries the peer's address, and is in flight until its answer is sent.
         let with_peer = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            let in_flight = seen.begin();
             // One extension, not axum's `ConnectInfo` as well: each costs an allocation per
             // request, and `PeerAddr` extracts in axum handlers too.
             request.extensions_mut().insert(PeerAddr(peer));
             let mut service = service.clone();
             async move {
                 std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
-                service.call(request).await
+                let answer = service.call(request).await?;
+                Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight)))
             }
         });
         let connection = builder
             .serve_connection(TokioIo::new(stream), with_peer)
             .into_owned();
-        let connection = graceful.watch(connection);
+        let (stopped, open) = (stopped.clone(), open.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            if let Err(e) = drive(connection, activity, limits, stopped).await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
-            drop(slot);
+            drop((slot, open));
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    drop(open);
+    let _ = all_closed.recv().await;
 }
 
 fn is_out_of_descriptors(e: &std::io::Error) -> bool {

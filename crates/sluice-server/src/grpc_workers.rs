@@ -23,6 +23,12 @@
 //! `grpc-timeout` is not enforced here: a decision does not wait on anything but the store,
 //! which has its own timeout, and the client stops waiting at its deadline anyway.
 //!
+//! A connection's first request must arrive within `--header-timeout` of connecting (TLS
+//! handshake and h2 preface included), one idle for `--idle-timeout` is closed with `GOAWAY`
+//! ([`connection_deadlines`](sluice_http::connection_deadlines)), at most
+//! [`H2_MAX_STREAMS`] streams are open on one, and a request's message must be complete within
+//! `--header-timeout` of its head ([`BodyDeadline`]).
+//!
 //! Connections are accepted on the caller's runtime and handed out in turn. Everything the
 //! service shares with the rest of the process (the limiter, its store and metrics) is
 //! `Send + Sync` and does not care which runtime calls it.
@@ -37,8 +43,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use sluice_http::serve::{Admission, ConnectionLimits, Slot};
+use sluice_http::connection_deadlines::{Activity, Tracked, drive};
+use sluice_http::serve::{Admission, ConnectionLimits, H2_MAX_STREAMS, Slot};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tonic::server::NamedService;
@@ -46,6 +52,7 @@ use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthService;
 use tower_service::Service;
 
+use crate::body_deadline::BodyDeadline;
 use crate::grpc::RlsService;
 use crate::unary;
 
@@ -54,7 +61,8 @@ use crate::unary;
 pub(crate) struct Serving {
     /// The services.
     pub(crate) routes: GrpcRoutes,
-    /// TLS, when the listener has it; the handshake must end within `limits.header_read`.
+    /// TLS, when the listener has it; the handshake, and the first request's head after it, must
+    /// end within `limits.header_read` of connecting.
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     /// The h2 pings (`h2_keep_alive`), the handshake's time (`header_read`), and the open
     /// connections in total and from one address, as on the HTTP listener.
@@ -79,7 +87,7 @@ impl GrpcRoutes {
     /// The answer to `request`: from the service its path names, or `UNIMPLEMENTED`. An
     /// unknown method of a known service is the generated service's to answer (also
     /// `UNIMPLEMENTED`).
-    fn route(&self, request: Request<Incoming>) -> GrpcFuture {
+    fn route(&self, request: Request<BodyDeadline<Incoming>>) -> GrpcFuture {
         let path = request.uri().path();
         if path == unary::PATH {
             let service = Arc::clone(&self.service);
@@ -199,14 +207,18 @@ async fn serve_connections(
     serving: Serving,
     mut stopped: watch::Receiver<bool>,
 ) {
+    let limits = serving.limits;
     let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    // As tonic's server: no cap on streams in flight on one connection (Envoy multiplexes its
-    // calls over few), and an h2 client that stops answering pings is dropped.
+    // As on the HTTP listeners: at most `H2_MAX_STREAMS` streams in flight on one connection
+    // (Envoy multiplexes its calls over few connections, and opens another past the limit),
+    // and an h2 client that stops answering pings is dropped. With no limit, one connection
+    // opening a million streams that never end held 3 GB.
     h2.timer(TokioTimer::new())
-        .max_concurrent_streams(None)
-        .keep_alive_interval(serving.limits.h2_keep_alive)
-        .keep_alive_timeout(serving.limits.h2_keep_alive);
-    let graceful = GracefulShutdown::new();
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .keep_alive_interval(limits.h2_keep_alive)
+        .keep_alive_timeout(limits.h2_keep_alive);
+    // Every connection's task holds a clone; stopping waits until all are dropped.
+    let (open, mut all_closed) = mpsc::channel::<()>(1);
     loop {
         let next = tokio::select! {
             next = connections.recv() => next,
@@ -220,24 +232,34 @@ async fn serve_connections(
                 continue;
             }
         };
-        let routes = serving.routes.clone();
-        let service = hyper::service::service_fn(move |request| routes.route(request));
-        match &serving.tls {
-            None => {
-                let connection = graceful.watch(h2.serve_connection(TokioIo::new(stream), service));
-                tokio::spawn(async move {
-                    let _slot = slot;
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, "gRPC connection ended with an error");
-                    }
-                });
+        // The header deadline counts from here, the TLS handshake included.
+        let activity = Activity::new();
+        let (routes, seen) = (serving.routes.clone(), activity.clone());
+        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let in_flight = seen.begin();
+            let request = request.map(|body| BodyDeadline::new(body, limits.header_read));
+            let answer = routes.route(request);
+            async move {
+                let answer = answer.await?;
+                Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight)))
             }
-            Some(acceptor) => {
-                let handshake =
-                    tokio::time::timeout(serving.limits.header_read, acceptor.accept(stream));
-                let (h2, watcher) = (h2.clone(), graceful.watcher());
-                tokio::spawn(async move {
-                    let _slot = slot;
+        });
+        let (h2, tls, stopped, open) = (
+            h2.clone(),
+            serving.tls.clone(),
+            stopped.clone(),
+            open.clone(),
+        );
+        tokio::spawn(async move {
+            let _held = (slot, open);
+            let ended = match tls {
+                None => {
+                    let connection = h2.serve_connection(TokioIo::new(stream), service);
+                    drive(connection, activity, limits, stopped).await
+                }
+                Some(acceptor) => {
+                    let handshake =
+                        tokio::time::timeout(limits.header_read, acceptor.accept(stream));
                     let stream = match handshake.await {
                         Ok(Ok(stream)) => stream,
                         Ok(Err(e)) => {
@@ -249,14 +271,15 @@ async fn serve_connections(
                             return;
                         }
                     };
-                    let connection =
-                        watcher.watch(h2.serve_connection(TokioIo::new(stream), service));
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, "gRPC connection ended with an error");
-                    }
-                });
+                    let connection = h2.serve_connection(TokioIo::new(stream), service);
+                    drive(connection, activity, limits, stopped).await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!(error = %e, "gRPC connection ended with an error");
             }
-        }
+        });
     }
-    graceful.shutdown().await;
+    drop(open);
+    let _ = all_closed.recv().await;
 }

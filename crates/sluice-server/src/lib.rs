@@ -21,6 +21,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod api;
+mod body_deadline;
 pub mod compat;
 pub mod debug;
 pub mod envoy;
@@ -68,8 +69,9 @@ pub struct ServeOptions {
     pub reload_debounce: Duration,
     /// Key prefix and call timeout for a Redis store.
     pub store_settings: StoreSettings,
-    /// How long HTTP clients may take to send a request head, and how idle h2 connections
-    /// (HTTP and gRPC) are checked.
+    /// How long clients may take to send a request head (on every listener, from connecting),
+    /// how long a connection may stay idle, how idle h2 connections (HTTP and gRPC) are
+    /// pinged, and how many connections are held.
     pub connections: ConnectionLimits,
     /// Service-wide settings of the Envoy answers (global shadow mode, rate-limit headers).
     pub envoy: compat::EnvoyAnswers,

@@ -43,7 +43,7 @@ pub(crate) async fn should_rate_limit<B>(
 ) -> Response<tonic::body::Body>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let answer = async {
         let message = read_message(request.into_body(), MAX_BODY).await?;
@@ -80,7 +80,7 @@ where
 async fn read_message<B>(mut body: B, max: usize) -> Result<Bytes, Status>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     // The frames so far: the first as it came, joined with the next ones only if it is not the
     // whole message.
@@ -123,7 +123,12 @@ where
                 }
             }
             Some(Err(e)) => {
-                return Err(Status::cancelled(format!("the request's body failed: {e}")));
+                let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+                // A status is the listener's own verdict on the body (its deadline passed).
+                return Err(match e.downcast_ref::<Status>() {
+                    Some(status) => status.clone(),
+                    None => Status::cancelled(format!("the request's body failed: {e}")),
+                });
             }
             None => {
                 return Err(Status::invalid_argument(

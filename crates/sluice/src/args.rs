@@ -27,6 +27,10 @@ pub(crate) struct ConnectionArgs {
     /// of its previous answer); a slower one is disconnected.
     #[arg(long, env = "SLUICE_HEADER_TIMEOUT", value_parser = parse_duration_or_error, default_value = "10s")]
     pub(crate) header_timeout: Duration,
+    /// How long a connection may go with no request in flight before it is closed (an h2
+    /// client is sent GOAWAY, so nothing it sends at that moment is lost).
+    #[arg(long, env = "SLUICE_IDLE_TIMEOUT", value_parser = parse_duration_or_error, default_value = "5m")]
+    pub(crate) idle_timeout: Duration,
     /// On SIGTERM, how long requests in flight may take to finish; then every connection
     /// still open is closed and the process exits 0.
     #[arg(long, env = "SLUICE_SHUTDOWN_TIMEOUT", value_parser = parse_duration_or_error, default_value = "30s")]
@@ -60,6 +64,7 @@ impl ConnectionArgs {
         }
         sluice_http::serve::ConnectionLimits {
             header_read: self.header_timeout,
+            idle: self.idle_timeout,
             max_connections,
             max_per_ip: self.max_connections_per_ip,
             ..Default::default()

@@ -10,5 +10,6 @@ mod admin;
 mod envoy_compat;
 mod grpc;
 mod harness;
+mod hostile_connections;
 mod http_api;
 mod lifecycle;

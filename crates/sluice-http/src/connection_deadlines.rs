@@ -1,0 +1,320 @@
+//! The two deadlines a connection lives under besides its protocol's own: its first request
+//! head must be complete within [`ConnectionLimits::header_read`] of connecting, and once no
+//! request has been in flight for [`ConnectionLimits::idle`] it is closed.
+//!
+//! hyper enforces neither for every connection. Its HTTP/1.1 header timeout starts only once
+//! hyper reads a request, but the listener first reads a few bytes to tell HTTP/1.1 from the h2
+//! preface, with no time limit: a socket that sent nothing, or `PRI * HTTP/2.0` and no more, was
+//! held for ever. Its h2 server has no header timeout at all, and its pings close only a client
+//! that stops answering them: a client that answers, and never opens a stream, was held for
+//! ever too. So each connection is driven by [`drive`], which watches what its service has seen
+//! ([`Activity`], told by [`Activity::begin`] at each request head) and closes it:
+//!
+//! - at once, with nothing said, when no request head has arrived within `header_read` of
+//!   connecting (TLS handshake and h2 preface included): such a client has sent no request, so
+//!   no request of its can be lost;
+//! - gracefully (h2 `GOAWAY`, so a client that sends a request at the same moment knows it was
+//!   not served and can retry it), when nothing has been in flight for `idle`; a connection that
+//!   does not finish closing within `header_read` more is dropped;
+//! - gracefully, when the listener stops.
+//!
+//! An answer is in flight from its request head until its body has been sent or dropped
+//! ([`Tracked`]), so a long answer (a proxied download) never counts as idle.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http_body::{Body, Frame, SizeHint};
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+
+use crate::serve::ConnectionLimits;
+
+/// What one connection's service has seen: whether a request head has arrived, how many
+/// answers are in flight, and since when none has been. Cloned into the connection's service.
+#[derive(Debug, Clone)]
+pub struct Activity {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// When the connection was accepted: the header deadline counts from here.
+    started: Instant,
+    /// Whether any request head has arrived.
+    requested: AtomicBool,
+    /// Answers begun and not yet sent or dropped.
+    in_flight: AtomicUsize,
+    /// When the last answer in flight ended, in milliseconds since `started`.
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    /// A connection accepted now, which has sent nothing yet.
+    pub fn new() -> Self {
+        Activity {
+            shared: Arc::new(Shared {
+                started: Instant::now(),
+                requested: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
+                idle_since_ms: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A request's head has arrived: it is in flight until the returned guard is dropped (with
+    /// the answer's body, [`Tracked`], or with the service's future if it never answers).
+    pub fn begin(&self) -> InFlight {
+        self.shared.requested.store(true, Ordering::Relaxed);
+        self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// When the connection should next be looked at, and whether it must close then, as of
+    /// `now`.
+    fn next(&self, now: Instant, limits: &ConnectionLimits) -> Next {
+        let s = &self.shared;
+        if !s.requested.load(Ordering::Relaxed) {
+            let deadline = s.started + limits.header_read;
+            return if now >= deadline {
+                Next::Abandon
+            } else {
+                // A request may come and go before the header deadline, and its idle deadline
+                // be earlier still (an idle timeout shorter than the header timeout): look
+                // again by then.
+                Next::At(deadline.min(now + limits.idle))
+            };
+        }
+        if s.in_flight.load(Ordering::Acquire) > 0 {
+            // Once the answers end, the connection is idle for `idle` at the earliest from then.
+            return Next::At(now + limits.idle);
+        }
+        let idle_since = s.started + Duration::from_millis(s.idle_since_ms.load(Ordering::Acquire));
+        let deadline = idle_since + limits.idle;
+        if now >= deadline {
+            Next::Close
+        } else {
+            Next::At(deadline)
+        }
+    }
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity::new()
+    }
+}
+
+/// What to do with a connection next.
+enum Next {
+    /// Look again then.
+    At(Instant),
+    /// No request head within the header deadline: drop it.
+    Abandon,
+    /// Idle too long: close it gracefully.
+    Close,
+}
+
+/// One answer in flight; ends when dropped.
+#[derive(Debug)]
+pub struct InFlight {
+    shared: Arc<Shared>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let s = &self.shared;
+        let since = u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // Written before the count falls, so whoever sees it at zero sees this time too.
+        s.idle_since_ms.fetch_max(since, Ordering::AcqRel);
+        s.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An answer's body, which keeps its answer in flight until it has been sent or dropped.
+    #[derive(Debug)]
+    pub struct Tracked<B> {
+        #[pin]
+        body: B,
+        in_flight: InFlight,
+    }
+}
+
+impl<B> Tracked<B> {
+    /// `body`, holding `in_flight` for as long as it lives.
+    pub fn new(body: B, in_flight: InFlight) -> Self {
+        Tracked { body, in_flight }
+    }
+}
+
+impl<B: Body> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Serves `connection` to its end under the deadlines of `limits`, as `activity` (given to its
+/// service) tells what it has seen; closes it gracefully once `stopped` turns true, and then
+/// waits for the requests in flight (the caller bounds how long). Returns how it ended; a
+/// connection dropped at a deadline ended without error.
+pub fn drive<C>(
+    connection: C,
+    activity: Activity,
+    limits: ConnectionLimits,
+    stopped: watch::Receiver<bool>,
+) -> impl Future<Output = Result<(), C::Error>> + Send
+where
+    C: GracefulConnection + Send,
+    C::Error: Send,
+{
+    // Declared `Send` here, where it is proven once for every connection type: proven at each
+    // spawn instead, the compiler cannot see that the borrows inside are `Send` for every
+    // lifetime.
+    driving(connection, activity, limits, stopped)
+}
+
+async fn driving<C>(
+    connection: C,
+    activity: Activity,
+    limits: ConnectionLimits,
+    mut stopped: watch::Receiver<bool>,
+) -> Result<(), C::Error>
+where
+    C: GracefulConnection,
+{
+    let mut connection = std::pin::pin!(connection);
+    // Once closing: until when it may take (`None` when the listener stops, which the caller
+    // bounds).
+    let mut closing: Option<Option<Instant>> = None;
+    loop {
+        let wake = match closing {
+            None => match activity.next(Instant::now(), &limits) {
+                Next::At(at) => Some(at),
+                Next::Abandon => {
+                    tracing::debug!(
+                        timeout = ?limits.header_read,
+                        "connection closed: no request head within the header timeout"
+                    );
+                    return Ok(());
+                }
+                Next::Close => {
+                    tracing::debug!(idle = ?limits.idle, "idle connection closed");
+                    connection.as_mut().graceful_shutdown();
+                    let until = Instant::now() + limits.header_read;
+                    closing = Some(Some(until));
+                    Some(until)
+                }
+            },
+            Some(until) => until,
+        };
+        tokio::select! {
+            ended = connection.as_mut() => return ended,
+            _ = stopped.wait_for(|s| *s), if closing.is_none() => {
+                connection.as_mut().graceful_shutdown();
+                closing = Some(None);
+            }
+            () = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+                if matches!(closing, Some(Some(until)) if Instant::now() >= until) {
+                    tracing::debug!("connection dropped: it did not finish closing in time");
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+    use crate::lifecycle::Lifecycle;
+
+    async fn serving(limits: ConnectionLimits) -> (Lifecycle, SocketAddr) {
+        let mut service = Lifecycle::new(limits);
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "up" }));
+        let addr = service
+            .listen(SocketAddr::from(([127, 0, 0, 1], 0)), app)
+            .await
+            .unwrap();
+        (service, addr)
+    }
+
+    /// How long until the server closes `socket`, reading (and discarding) what it sends; at
+    /// most an hour of the test's clock.
+    async fn closed_after(mut socket: TcpStream) -> Duration {
+        let started = Instant::now();
+        let mut sink = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(3600), socket.read_to_end(&mut sink));
+        assert!(read.await.is_ok(), "still open after an hour");
+        started.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_sends_no_request_head_is_closed_at_the_header_timeout() {
+        let limits = ConnectionLimits {
+            header_read: Duration::from_secs(10),
+            ..ConnectionLimits::default()
+        };
+        let (service, addr) = serving(limits).await;
+        for sent in [&b""[..], b"PRI * HTTP/2.0", b"GET / HTTP/1.1\r\nHost:"] {
+            let mut socket = TcpStream::connect(addr).await.unwrap();
+            socket.write_all(sent).await.unwrap();
+            let held = closed_after(socket).await;
+            assert!(
+                (Duration::from_secs(10)..Duration::from_secs(11)).contains(&held),
+                "{:?} held {held:?}",
+                String::from_utf8_lossy(sent)
+            );
+        }
+        service.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_with_nothing_in_flight_is_closed_at_the_idle_timeout() {
+        let limits = ConnectionLimits {
+            header_read: Duration::from_secs(3600),
+            idle: Duration::from_secs(60),
+            ..ConnectionLimits::default()
+        };
+        let (service, addr) = serving(limits).await;
+        let mut socket = TcpStream::connect(addr).await.unwrap();
+        socket
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = [0; 12];
+        socket.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 200");
+        let held = closed_after(socket).await;
+        assert!(
+            (Duration::from_secs(60)..Duration::from_secs(61)).contains(&held),
+            "held {held:?}"
+        );
+        service.shutdown().await;
+    }
+}
