@@ -64,7 +64,9 @@ mod verdict;
 
 pub use headers::{HeaderStyle, retry_after_secs};
 pub use limiter::Limiter;
-pub use metrics::{MAX_DECISION_SERIES, Metrics, OVERFLOW_RULE, Outcome, Snapshot};
+pub use metrics::{
+    MAX_DECISION_SERIES, MAX_LABEL_VALUE_BYTES, Metrics, OVERFLOW_RULE, Outcome, Snapshot,
+};
 pub use open::{StartError, Watched, log_reloads};
 pub use open_store::{OpenStore, StoreOpenError};
 pub use request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};

@@ -4,6 +4,7 @@
 //! registers through its [`StoreTelemetry`]. Everything goes through one registry.
 
 use std::collections::HashMap;
+use std::hash::Hasher as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,6 +15,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
+
+use siphasher::sip::SipHasher13;
 
 use crate::store_telemetry::StoreTelemetry;
 
@@ -53,9 +56,56 @@ impl EncodeLabelValue for Outcome {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DecisionLabels {
-    domain: String,
-    rule: String,
+    domain: LabelText,
+    rule: LabelText,
     outcome: Outcome,
+}
+
+/// A label value that may hold request values: at most [`MAX_LABEL_VALUE_BYTES`] long (see
+/// [`LabelText::bounded`]), and escaped when written, since the text format ends a value at
+/// its first `"` and a line at its first newline, and `prometheus_client` writes values as
+/// they are.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct LabelText(String);
+
+impl LabelText {
+    /// `value` itself when it is at most [`MAX_LABEL_VALUE_BYTES`] long; else its first bytes
+    /// (cut on a character boundary), `~` and 16 hex digits of a hash of the whole value, in
+    /// [`MAX_LABEL_VALUE_BYTES`] in all. Values that share a long prefix stay apart, and a
+    /// value gets the same label in every process and after a restart, since the hash's keys
+    /// are fixed; two values whose hashes collide only share a counter.
+    fn bounded(value: &str) -> Self {
+        if value.len() <= MAX_LABEL_VALUE_BYTES {
+            return LabelText(value.to_owned());
+        }
+        let mut h = SipHasher13::new_with_keys(0x736c_7569_6365_6c62, 0x6d65_7472_6963_0001);
+        h.write(value.as_bytes());
+        let mut cut = MAX_LABEL_VALUE_BYTES - HASH_SUFFIX_BYTES;
+        while !value.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        LabelText(format!("{}~{:016x}", &value[..cut], h.finish()))
+    }
+}
+
+impl EncodeLabelValue for LabelText {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        let mut rest = self.0.as_str();
+        while let Some(at) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..at])?;
+            encoder.write_str(match rest.as_bytes()[at] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[at + 1..];
+        }
+        encoder.write_str(rest)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -96,6 +146,17 @@ const TOP_KEYS_EXPORTED: usize = 10;
 pub const MAX_DECISION_SERIES: usize = 10_000;
 /// The rule label of decisions whose own series would pass [`MAX_DECISION_SERIES`].
 pub const OVERFLOW_RULE: &str = "_overflow";
+
+/// The longest decision label value (domain or rule), in bytes; a longer one is cut and
+/// suffixed with a hash of the whole (see [`LabelText::bounded`]). Rule paths with a user id,
+/// an address or an API path fit in it; a client's kilobyte value does not make a kilobyte
+/// line. With [`MAX_DECISION_SERIES`] it bounds `/metrics` in bytes: a decision line is at most
+/// 88 bytes besides its two values, each at most twice this long once escaped, so the decision
+/// series take at most 10,000 × (88 + 4 × 128) bytes, 6 MB (plus four `_overflow` lines a
+/// domain), and 3.4 MB when the values hold nothing to escape.
+pub const MAX_LABEL_VALUE_BYTES: usize = 128;
+/// `~` and 16 hex digits.
+const HASH_SUFFIX_BYTES: usize = 17;
 
 /// Every metric of the service.
 pub struct Metrics {
@@ -223,13 +284,13 @@ impl Metrics {
     /// the one [`Metrics::render`] reports.
     pub fn decision_counter(&self, domain: &str, rule: &str, outcome: Outcome) -> Counter {
         let mut labels = DecisionLabels {
-            domain: domain.to_owned(),
-            rule: rule.to_owned(),
+            domain: LabelText::bounded(domain),
+            rule: LabelText::bounded(rule),
             outcome,
         };
         let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
         if series.index.len() >= MAX_DECISION_SERIES && !series.index.contains_key(&labels) {
-            labels.rule = OVERFLOW_RULE.to_owned();
+            labels.rule = LabelText(OVERFLOW_RULE.to_owned());
         }
         let counter = self.decisions.get_or_create(&labels).clone();
         if !series.index.contains_key(&labels) {
@@ -247,7 +308,7 @@ impl Metrics {
         series
             .counters
             .iter()
-            .map(|(l, c)| (l.domain.clone(), l.rule.clone(), l.outcome, c.get()))
+            .map(|(l, c)| (l.domain.0.clone(), l.rule.0.clone(), l.outcome, c.get()))
             .collect()
     }
 
@@ -268,12 +329,13 @@ impl Metrics {
         self.store_errors.get()
     }
 
-    /// How many decisions of this kind were counted.
+    /// How many decisions of this kind were counted (`domain` and `rule` as given to
+    /// [`Metrics::decision`], before any cut).
     pub fn decisions_of(&self, domain: &str, rule: &str, outcome: Outcome) -> u64 {
         self.decisions
             .get_or_create(&DecisionLabels {
-                domain: domain.to_owned(),
-                rule: rule.to_owned(),
+                domain: LabelText::bounded(domain),
+                rule: LabelText::bounded(rule),
                 outcome,
             })
             .get()
@@ -380,6 +442,76 @@ mod tests {
                 .filter(|l| l.starts_with("sluice_decisions_total{"))
                 .count(),
             MAX_DECISION_SERIES + 1
+        );
+    }
+
+    #[test]
+    fn long_request_values_make_bounded_lines_that_stay_distinct() {
+        let metrics = Metrics::new();
+        let mut labels = Vec::new();
+        for i in 0..12_000 {
+            // 1 KiB values that differ only past the cut.
+            let label = format!("shop/user={}{i:05}", "x".repeat(1024 - 15));
+            metrics.decision("shop", &label, Outcome::Allowed);
+            labels.push(label);
+        }
+        let a = &labels[0];
+        let b = &labels[1];
+        metrics.decision("shop", a, Outcome::Allowed);
+        assert_eq!(metrics.decisions_of("shop", a, Outcome::Allowed), 2);
+        assert_eq!(metrics.decisions_of("shop", b, Outcome::Allowed), 1);
+        let text = metrics.render(&Snapshot::default());
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("sluice_decisions_total{"))
+            .collect();
+        assert_eq!(lines.len(), MAX_DECISION_SERIES + 1);
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.len() < 88 + 2 * MAX_LABEL_VALUE_BYTES),
+            "a line longer than its bound"
+        );
+        let distinct: std::collections::HashSet<&str> = lines
+            .iter()
+            .map(|l| l.rsplit_once(' ').map_or(*l, |(labels, _)| labels))
+            .collect();
+        assert_eq!(distinct.len(), lines.len(), "two values share a series");
+        let bound = (MAX_DECISION_SERIES + 4) * (88 + 4 * MAX_LABEL_VALUE_BYTES);
+        assert!(text.len() < bound, "{} bytes", text.len());
+        assert!(text.len() < 2_000_000, "{} bytes", text.len());
+    }
+
+    #[test]
+    fn short_values_keep_their_label_and_long_ones_keep_their_prefix() {
+        let short = "a".repeat(MAX_LABEL_VALUE_BYTES);
+        assert_eq!(LabelText::bounded(&short).0, short);
+        // Multi-byte characters across the cut are not split.
+        let long = format!("shop/city={}", "é".repeat(200));
+        let cut = LabelText::bounded(&long).0;
+        assert!(cut.len() <= MAX_LABEL_VALUE_BYTES);
+        let (prefix, hash) = cut.rsplit_once('~').unwrap();
+        assert!(long.starts_with(prefix));
+        assert_eq!(hash.len(), 16);
+        assert_eq!(LabelText::bounded(&long), LabelText::bounded(&long.clone()));
+    }
+
+    #[test]
+    fn request_values_cannot_break_the_exposition_format() {
+        let metrics = Metrics::new();
+        metrics.decision(
+            "shop",
+            "shop/user=a\"} 1\nsluice_forged_total 9\n\\",
+            Outcome::Allowed,
+        );
+        let text = metrics.render(&Snapshot::default());
+        assert!(
+            !text.lines().any(|l| l.starts_with("sluice_forged_total")),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"rule="shop/user=a\"} 1\nsluice_forged_total 9\n\\""#),
+            "{text}"
         );
     }
 }
