@@ -192,6 +192,10 @@ impl Gateway {
         mut lifecycle: Lifecycle,
     ) -> Result<Gateway, GatewayError> {
         let forward = forward::Forward::new(&options)?;
+        // Rules that load can still hold routes that are never limited: say so, without refusing.
+        for unmatched in limiter.reloader().rules().unmatched_route_keys() {
+            tracing::warn!("{unmatched}");
+        }
         let layer = SharedLimitLayer::new(limiter.clone())
             .max_delayed(options.max_delayed)
             .trust_proxies(options.trusted_proxies.iter().copied())

@@ -49,6 +49,7 @@ mod lookup;
 mod matcher;
 mod model;
 mod reload;
+mod route_keys;
 mod ruleset;
 mod suggest;
 mod yaml;
@@ -64,4 +65,5 @@ pub use model::{
     Unit, ValueMatch,
 };
 pub use reload::{ReloadEvent, ReloadStats, Reloader, Watcher};
+pub use route_keys::UnmatchedRouteKey;
 pub use ruleset::{LoadOptions, RuleSet};

@@ -2,7 +2,7 @@
 
 /// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo:
 /// at most a third of the word's length, and at least one edit.
-pub(crate) fn closest(word: &str, candidates: &[&'static str]) -> Option<&'static str> {
+pub(crate) fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     let limit = (word.chars().count() / 3).max(1);
     candidates
         .iter()

@@ -175,6 +175,10 @@ impl Server {
     ) -> Result<Server, StartError> {
         let mut lifecycle = Lifecycle::new(options.connections);
         let limiter = follow_rules(&options, opened, &mut lifecycle).await?;
+        // Rules that load can still hold routes that are never limited: say so, without refusing.
+        for unmatched in limiter.reloader().rules().unmatched_route_keys() {
+            tracing::warn!("{unmatched}");
+        }
         // The two ports every service has, bound before anything answers on either.
         let http = lifecycle::bind(options.http_addr).await?;
         let grpc = lifecycle::bind(options.grpc_addr).await?;

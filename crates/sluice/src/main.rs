@@ -127,6 +127,10 @@ fn validate(paths: &[PathBuf], store: Option<&str>, load: LoadOptions) -> ExitCo
     });
     match loaded {
         Ok(rules) => {
+            // Warnings, not errors: the rules load, but some of their routes are never limited.
+            for unmatched in rules.unmatched_route_keys() {
+                eprintln!("warning: {unmatched}");
+            }
             println!(
                 "ok: {} domain(s): {}",
                 rules.domain_names().len(),

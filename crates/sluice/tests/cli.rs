@@ -63,6 +63,51 @@ fn validate_merges_the_files_of_one_domain_only_when_asked() {
     );
 }
 
+/// A rule file whose only route uses `apikey` where the rules have `api_key`: it loads, and
+/// the route is never limited.
+fn gateway_with_a_misspelt_key(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("gateway.yaml");
+    std::fs::write(
+        &path,
+        "domain: api\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1}\n\
+         routes:\n  - name: keyed\n    descriptors:\n      - [{key: apikey, from: \"header:x-api-key\"}]\n",
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn validate_warns_of_a_route_key_no_rule_has_and_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = gateway_with_a_misspelt_key(dir.path());
+    let out = sluice().arg("validate").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("gateway.yaml:6:5: route `keyed` uses descriptor key `apikey`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("did you mean `api_key`?"), "{stderr}");
+}
+
+#[test]
+fn serve_logs_a_route_key_no_rule_has_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = gateway_with_a_misspelt_key(dir.path());
+    let process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        .config(path.to_str().unwrap())
+        .env("NO_COLOR", "1")
+        .log_to(dir.path().join("log"))
+        .start();
+    drop(process);
+    let text = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    assert!(
+        text.contains("WARN") && text.contains("gateway.yaml:6:5: route `keyed`"),
+        "{text}"
+    );
+    assert!(text.contains("did you mean `api_key`?"), "{text}");
+}
+
 #[test]
 fn serve_exits_non_zero_on_invalid_rules() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,9 @@
 //! The request body `/json` and `/v1/check` take: Envoy's `RateLimitRequest` in protobuf's JSON
 //! form, with Sluice's `cost` beside `hits_addend`.
+//!
+//! A field the message does not have is refused, as protobuf's JSON parser refuses it: a
+//! misspelt name would otherwise drop what it carries, and a request stripped of its entries
+//! is one no limit applies to, answered "allowed" without a word.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -33,6 +37,7 @@ fn flex_u64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Er
 }
 
 #[derive(Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct JsonEntry {
     key: String,
     #[serde(default)]
@@ -40,6 +45,7 @@ struct JsonEntry {
 }
 
 #[derive(Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct JsonOverride {
     #[serde(alias = "requestsPerUnit", deserialize_with = "flex_u64", default)]
     requests_per_unit: Option<u64>,
@@ -47,9 +53,12 @@ struct JsonOverride {
 }
 
 #[derive(Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct JsonDescriptor {
+    /// `None` when the field is missing, which is refused; an empty list, sent on purpose, is
+    /// a descriptor no rule matches, as Envoy's is.
     #[serde(default)]
-    entries: Vec<JsonEntry>,
+    entries: Option<Vec<JsonEntry>>,
     #[serde(default)]
     limit: Option<JsonOverride>,
     #[serde(default, alias = "hitsAddend", deserialize_with = "flex_u64")]
@@ -57,9 +66,13 @@ struct JsonDescriptor {
     /// Sluice's native name for the descriptor's own cost.
     #[serde(default, deserialize_with = "flex_u64")]
     cost: Option<u64>,
+    /// Read so that Envoy's field is not refused; the gRPC service does not apply it either.
+    #[serde(default, alias = "isNegativeHits")]
+    is_negative_hits: Option<bool>,
 }
 
 #[derive(Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct JsonRequest {
     #[serde(default)]
     domain: String,
@@ -76,20 +89,21 @@ impl JsonDescriptor {
     /// One descriptor, for [`JsonRequest::parse_plain`].
     fn parse_plain(c: &mut Cursor<'_>) -> Option<JsonDescriptor> {
         let mut d = JsonDescriptor {
-            entries: Vec::new(),
+            entries: None,
             limit: None,
             hits_addend: None,
             cost: None,
+            is_negative_hits: None,
         };
-        let mut entries = false;
         c.object(|c, field| {
             match field {
                 "entries" => {
-                    once(&mut entries)?;
+                    let mut entries = Vec::new();
                     c.array(|c| {
-                        d.entries.push(JsonEntry::parse_plain(c)?);
+                        entries.push(JsonEntry::parse_plain(c)?);
                         Some(())
                     })?;
+                    set_once(&mut d.entries, entries)?;
                 }
                 "hits_addend" | "hitsAddend" => set_once(&mut d.hits_addend, c.count()?)?,
                 "cost" => set_once(&mut d.cost, c.count()?)?,
@@ -295,6 +309,12 @@ impl JsonRequest {
     pub(super) fn into_limit_request(self) -> Result<(LimitRequest, u64), Problem> {
         let mut descriptors = Vec::with_capacity(self.descriptors.len());
         for (i, d) in self.descriptors.into_iter().enumerate() {
+            let entries = d.entries.ok_or_else(|| {
+                Problem::bad_request(
+                    "a descriptor needs `entries`: without them no limit applies to it",
+                )
+                .with_field(format!("descriptors[{i}].entries"))
+            })?;
             let limit_override = match d.limit {
                 Some(o) => Some(LimitOverride {
                     requests_per_unit: o.requests_per_unit.ok_or_else(|| {
@@ -312,7 +332,7 @@ impl JsonRequest {
                 );
             }
             descriptors.push(RequestDescriptor {
-                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                entries: entries.into_iter().map(|e| (e.key, e.value)).collect(),
                 envoy_hits: d.hits_addend.is_some(),
                 cost: d.cost.or(d.hits_addend),
                 limit_override,

@@ -153,3 +153,73 @@ async fn health_readiness_and_metrics() {
         "a counter key in /metrics: {text}"
     );
 }
+
+/// A misspelt field or a descriptor without entries would otherwise be a request no limit
+/// applies to, answered "allowed" without a word: both are refused, naming the field.
+#[tokio::test]
+async fn unknown_fields_and_descriptors_without_entries_are_refused() {
+    let h = Harness::start().await;
+    let cases = [
+        (
+            json!({"domain": "shop", "descriptors": [{"key": "user", "value": "alice"}]}),
+            "descriptors[0].key",
+            "unknown field `key`",
+        ),
+        (
+            json!({"domain": "shop", "descriptor": [{"entries": [{"key": "user", "value": "a"}]}]}),
+            "descriptor",
+            "unknown field `descriptor`",
+        ),
+        (
+            json!({"domain": "shop", "descriptors": [{"entries": [{"key": "user", "valeu": "a"}]}]}),
+            "descriptors[0].entries[0].valeu",
+            "unknown field `valeu`",
+        ),
+        (
+            json!({"domain": "shop", "descriptors": [{"entries": [{"key": "user", "value": "a"}], "limit": {"requests_per_unit": 1, "unit": "SECOND", "per": 1}}]}),
+            "descriptors[0].limit.per",
+            "unknown field `per`",
+        ),
+        (
+            json!({"domain": "shop", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}, {"hits_addend": 1}]}),
+            "descriptors[1].entries",
+            "entries",
+        ),
+    ];
+    for (body, field, detail) in cases {
+        for path in ["/json", "/v1/check"] {
+            let r = h.post_json(path, &body).await;
+            assert_eq!(r.status().as_u16(), 400, "{path} {body}");
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+            let problem: Value = r.json().await.unwrap();
+            assert_eq!(problem["field"], field, "{path} {problem}");
+            assert!(
+                problem["detail"].as_str().unwrap().contains(detail),
+                "{path} {problem}"
+            );
+        }
+    }
+}
+
+/// Every field of Envoy's `RateLimitRequest`, under both names protobuf's JSON reads, is still
+/// accepted.
+#[tokio::test]
+async fn every_field_of_envoys_request_is_still_accepted() {
+    let h = Harness::start().await;
+    let entries = json!([{"key": "client", "value": "every"}]);
+    let bodies = [
+        json!({"domain": "shop", "hits_addend": 1, "descriptors": [{"entries": entries,
+            "limit": {"requests_per_unit": 9, "unit": "MINUTE"}, "hits_addend": 1,
+            "is_negative_hits": false}]}),
+        json!({"domain": "shop", "hitsAddend": 1, "descriptors": [{"entries": entries,
+            "limit": {"requestsPerUnit": 9, "unit": 4}, "hitsAddend": "1",
+            "isNegativeHits": false}]}),
+        json!({"domain": "shop", "descriptors": [{"entries": [], "cost": 1}], "cost": 1}),
+    ];
+    for body in bodies {
+        for path in ["/json", "/v1/check"] {
+            let (status, r, _) = h.post(path, &body).await;
+            assert_eq!(status, 200, "{path} {body} {r}");
+        }
+    }
+}
