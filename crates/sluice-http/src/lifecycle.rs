@@ -23,23 +23,19 @@
 //! # Ok(()) }
 //! ```
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Request;
-use hyper::body::Incoming;
 use sluice_limiter::{Limiter, OpenStore, StartError};
 use sluice_rules::{LoadOptions, Reloader, Watcher};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tower_service::Service;
 
-use crate::serve::{ConnectionLimits, serve_connections};
+use crate::serve::{ConnectionLimits, HttpService, ResponseBody, serve_connections};
 
 /// How often the dashboard's activity history takes a sample.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -146,14 +142,8 @@ impl Lifecycle {
     /// address it listens on.
     pub fn serve<S, B>(&mut self, bound: Bound, service: S) -> SocketAddr
     where
-        S: Service<Request<Incoming>, Response = http::Response<B>, Error = Infallible>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        B: http_body::Body + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        S: HttpService<B>,
+        B: ResponseBody,
     {
         let stopped = self.stopped();
         self.spawn(serve_connections(
@@ -173,14 +163,8 @@ impl Lifecycle {
         service: S,
     ) -> Result<SocketAddr, BindError>
     where
-        S: Service<Request<Incoming>, Response = http::Response<B>, Error = Infallible>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        B: http_body::Body + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        S: HttpService<B>,
+        B: ResponseBody,
     {
         let bound = bind(addr).await?;
         Ok(self.serve(bound, service))

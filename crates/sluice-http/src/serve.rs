@@ -64,6 +64,46 @@ pub const H2_MAX_STREAMS: u32 = 200;
 
 /// How long accepting pauses when the process is out of file descriptors.
 const EMFILE_BACKOFF: Duration = Duration::from_millis(100);
+/// A service a listener can serve: it answers every request (a refusal is an answer, never an
+/// error), and it is cloned into each connection's task. One name for the bounds that
+/// [`serve_connections`] and the lifecycle's `serve` and `listen` share.
+pub trait HttpService<B>:
+    Service<
+        Request<Incoming>,
+        Response = http::Response<B>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, B> HttpService<B> for S where
+    S: Service<
+            Request<Incoming>,
+            Response = http::Response<B>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// A body a listener can send: its chunks and errors cross threads.
+pub trait ResponseBody:
+    http_body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static
+{
+}
+
+impl<B> ResponseBody for B where
+    B: http_body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static
+{
+}
+
 /// The least time between two log lines about the same refusal.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -76,14 +116,8 @@ pub async fn serve_connections<S, B>(
     mut stopped: watch::Receiver<bool>,
     limits: ConnectionLimits,
 ) where
-    S: Service<Request<Incoming>, Response = http::Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: HttpService<B>,
+    B: ResponseBody,
 {
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
