@@ -47,6 +47,17 @@ pub mod temp_rules;
 pub mod wait;
 pub mod window;
 
+/// Held by this crate's own tests that spawn a process, and by the one that binds again the ports
+/// it was handed: a child forked between a port's probe and that bind holds a copy of the probe's
+/// socket until it execs, so the bind can find the port taken. The two must not overlap.
+#[cfg(test)]
+fn spawning() -> std::sync::MutexGuard<'static, ()> {
+    static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SPAWNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub use ports::{free_addr, free_port, listening};
 pub use process::{Spawned, spawn_captured_listening, spawn_command_listening, spawn_listening};
 pub use serve_process::{Listener, ServeBuilder, ServeProcess};

@@ -89,6 +89,7 @@ mod tests {
     fn ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
         // Each port is bound as soon as it is handed out and held: other processes on the
         // machine walk the same range, so a port checked again later may be theirs by then.
+        let _no_fork = crate::spawning();
         let held: Vec<(u16, TcpListener)> = (0..200)
             .map(|_| {
                 let port = free_port();

@@ -142,6 +142,7 @@ mod tests {
 
     #[test]
     fn a_terminated_process_reports_how_it_exited() {
+        let _fork = crate::spawning();
         let mut sleeper = Spawned::spawn(Command::new("sleep").arg("600"));
         let status = sleeper.terminate();
         assert!(!status.success(), "{status}");
@@ -150,6 +151,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "exited with exit status: 3 before listening")]
     fn a_process_that_exits_before_listening_fails_the_wait() {
+        let _fork = crate::spawning();
         let mut command = Command::new("sh");
         command.args(["-c", "echo starting; exit 3"]);
         spawn_captured_listening(command, &crate::free_addr());
