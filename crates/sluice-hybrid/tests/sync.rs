@@ -6,7 +6,7 @@ use std::time::Duration;
 use sluice_core::{Alignment, FixedWindow, Policy, SlidingCounter};
 use sluice_hybrid::sync::{Claimant, sync_batch};
 use sluice_redis::RedisStore;
-use sluice_redis::testing::{RedisServer, offset_to_window_start, test_options};
+use sluice_redis::testing::{RedisServer, store_at_hour_start};
 
 /// A hybrid instance that counts itself alone.
 const ALONE: Claimant<'static> = Claimant {
@@ -14,18 +14,6 @@ const ALONE: Claimant<'static> = Claimant {
     ttl: Duration::from_millis(500),
     instances: 1,
 };
-
-/// A store on `server` whose Redis time is 20 ms into an hour.
-async fn store_at_hour_start(server: &RedisServer) -> RedisStore {
-    let store = RedisStore::connect(&server.url(), test_options())
-        .await
-        .unwrap();
-    store.set_time_offset(offset_to_window_start(
-        server.port,
-        Duration::from_secs(3600),
-    ));
-    store
-}
 
 /// The application clock the store dates windows by, in ns: 20 ms into an hour, as Redis's is.
 fn store_now(store: &RedisStore) -> i128 {

@@ -8,7 +8,7 @@ use sluice_core::{Alignment, Check, FixedWindow, Policy, SlidingCounter, Store, 
 use sluice_redis::RedisStore;
 use sluice_redis::testing::{
     RedisServer, fifty_per_hour, name, offset_to_window_start, shared_server, standalone_backend,
-    test_options,
+    store_at_hour_start, test_options,
 };
 use sluice_test_support::{eventually, wait_until};
 
@@ -437,16 +437,4 @@ fn calls_from_single_threaded_runtimes_are_batched_where_they_run() {
             .unwrap()
     });
     assert_eq!(admitted, [30, 20]);
-}
-
-/// A store on `server` whose Redis time is 20 ms into an hour.
-async fn store_at_hour_start(server: &RedisServer) -> RedisStore {
-    let store = RedisStore::connect(&server.url(), test_options())
-        .await
-        .unwrap();
-    store.set_time_offset(offset_to_window_start(
-        server.port,
-        Duration::from_secs(3600),
-    ));
-    store
 }

@@ -33,4 +33,4 @@ pub use policies::{fifty_per_hour, name};
 pub use redis_time::{offset_to_second_start, offset_to_window_start, redis_time_nanos};
 pub use script::{check_script, decode_replies, push_check};
 pub use server::RedisServer;
-pub use shared::{shared_cluster, shared_server, test_options, unique_prefix};
+pub use shared::{shared_cluster, shared_server, store_at_hour_start, test_options, unique_prefix};

@@ -38,3 +38,16 @@ pub fn test_options() -> RedisOptions {
         .prefix(unique_prefix())
         .timeout(Duration::from_secs(5))
 }
+
+/// A store on `server` whose Redis time is 20 ms into an hour, for tests that count in hourly
+/// windows without crossing one.
+pub async fn store_at_hour_start(server: &super::RedisServer) -> crate::RedisStore {
+    let store = crate::RedisStore::connect(&server.url(), test_options())
+        .await
+        .expect("a store on the test server");
+    store.set_time_offset(super::offset_to_window_start(
+        server.port,
+        std::time::Duration::from_secs(3600),
+    ));
+    store
+}
