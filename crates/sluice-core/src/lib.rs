@@ -50,6 +50,7 @@ pub mod duration;
 mod fallback;
 mod memory;
 mod policy;
+mod reservation;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -63,4 +64,8 @@ pub use duration::{parse_duration, parse_duration_or_error};
 pub use fallback::{OnStoreError, UnknownOnStoreError, decide_without_store};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder, unconsumed};
 pub use policy::{Algorithm, Policy, PolicyError, Rate, UnknownAlgorithm};
-pub use store::{BoxFuture, Check, DynStore, Store, StoreError, StoreResult, UnsupportedPolicy};
+pub use reservation::{MalformedReservationId, ReservationId};
+pub use store::{
+    BoxFuture, Check, DynStore, Lease, Refund, Settlement, Store, StoreError, StoreResult,
+    UnsupportedPolicy,
+};

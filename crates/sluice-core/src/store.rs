@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::{Decision, Policy};
+use crate::{Decision, Policy, ReservationId};
 
 /// One limit to check for a request: which counter, under which policy, at what cost.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +23,52 @@ impl<'a> Check<'a> {
     pub fn new(key: &'a str, policy: &'a Policy, cost: u64) -> Self {
         Check { key, policy, cost }
     }
+}
+
+/// A reservation to record with the checks it reserves: its id and how long it holds before it
+/// counts as used in full.
+#[derive(Debug, Clone, Copy)]
+pub struct Lease<'a> {
+    /// The id a settle names it by.
+    pub id: &'a ReservationId,
+    /// How long the reservation holds. Not settled by then, it counts as used in full: nothing
+    /// of it is ever given back.
+    pub ttl: Duration,
+}
+
+/// Units to give back to one counter outside a reservation: Envoy's `is_negative_hits`.
+#[derive(Debug, Clone, Copy)]
+pub struct Refund<'a> {
+    /// The counter's identity, as in [`Check::key`].
+    pub key: &'a str,
+    /// How the counter is limited.
+    pub policy: &'a Policy,
+    /// How many units to give back, as taken now: a window gives them back to its current
+    /// window, never below zero.
+    pub units: u64,
+}
+
+/// What settling a reservation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Settled now. Each counter the reservation took from got back `refunded` units, as far as
+    /// it still held them (a window that has ended has nothing to give back), or was charged
+    /// `charged` more, past its limit if need be.
+    Settled {
+        /// The units reserved per counter.
+        reserved: u64,
+        /// The units given back to each counter: reserved minus used, when less was used.
+        refunded: u64,
+        /// The units charged to each counter beyond the reservation, when more was used.
+        charged: u64,
+    },
+    /// It was settled before; this settle changed nothing.
+    AlreadySettled,
+    /// Its ttl ran out before this settle: it counted as used in full, and still does.
+    Expired,
+    /// The store holds no reservation of this id: never made on this store, or forgotten
+    /// long after it expired or was settled.
+    Unknown,
 }
 
 /// Why a store could not decide. A denial is not an error: it is a [`Decision`].
@@ -115,6 +161,51 @@ pub trait Store: Send + Sync + 'static {
     fn supports(&self, _policy: &Policy) -> Result<(), UnsupportedPolicy> {
         Ok(())
     }
+
+    /// Decides `checks` as [`Store::check`] does and, when every check admits, records what
+    /// each took under `lease`, in the same atomic step: a reservation exists exactly when its
+    /// checks consumed. [`Store::settle`] later gives back what was not used. Every instance
+    /// that shares the store can settle it.
+    ///
+    /// The default refuses: a store that cannot record reservations says so rather than
+    /// admitting usage it could never give back.
+    fn reserve(
+        &self,
+        checks: &[Check<'_>],
+        lease: Lease<'_>,
+    ) -> impl Future<Output = StoreResult<Vec<Decision>>> + Send {
+        let _ = (checks, lease);
+        std::future::ready(Err(StoreError::Rejected(
+            "this store does not hold reservations".to_owned(),
+        )))
+    }
+
+    /// Settles the reservation `id` at `used` units: every counter it took from gets back what
+    /// was reserved and not used, or is charged what was used beyond it. Only the first settle
+    /// of a reservation changes anything, and only before its ttl ends.
+    fn settle(
+        &self,
+        id: &ReservationId,
+        used: u64,
+    ) -> impl Future<Output = StoreResult<Settlement>> + Send {
+        let _ = (id, used);
+        std::future::ready(Err(StoreError::Rejected(
+            "this store does not hold reservations".to_owned(),
+        )))
+    }
+
+    /// Gives units back to counters outside a reservation (Envoy's `is_negative_hits`), never
+    /// past what a counter can hold. Returns the decision a cost-0 check of each would get
+    /// after it.
+    fn refund(
+        &self,
+        refunds: &[Refund<'_>],
+    ) -> impl Future<Output = StoreResult<Vec<Decision>>> + Send {
+        let _ = refunds;
+        std::future::ready(Err(StoreError::Rejected(
+            "this store does not give units back".to_owned(),
+        )))
+    }
 }
 
 /// A boxed future, for [`DynStore`].
@@ -136,6 +227,21 @@ pub trait DynStore: Send + Sync + 'static {
     fn tracked_keys(&self) -> Option<usize>;
     /// See [`Store::supports`].
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy>;
+    /// See [`Store::reserve`].
+    fn reserve<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        lease: Lease<'a>,
+    ) -> BoxFuture<'a, StoreResult<Vec<Decision>>>;
+    /// See [`Store::settle`].
+    fn settle<'a>(
+        &'a self,
+        id: &'a ReservationId,
+        used: u64,
+    ) -> BoxFuture<'a, StoreResult<Settlement>>;
+    /// See [`Store::refund`].
+    fn refund<'a>(&'a self, refunds: &'a [Refund<'a>])
+    -> BoxFuture<'a, StoreResult<Vec<Decision>>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -165,5 +271,28 @@ impl<S: Store> DynStore for S {
 
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
         Store::supports(self, policy)
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        checks: &'a [Check<'a>],
+        lease: Lease<'a>,
+    ) -> BoxFuture<'a, StoreResult<Vec<Decision>>> {
+        Box::pin(Store::reserve(self, checks, lease))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        id: &'a ReservationId,
+        used: u64,
+    ) -> BoxFuture<'a, StoreResult<Settlement>> {
+        Box::pin(Store::settle(self, id, used))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        refunds: &'a [Refund<'a>],
+    ) -> BoxFuture<'a, StoreResult<Vec<Decision>>> {
+        Box::pin(Store::refund(self, refunds))
     }
 }

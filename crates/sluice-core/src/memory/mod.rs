@@ -5,6 +5,7 @@
 //! which rules out deadlock, and decides every check before it changes anything, which makes it
 //! all-or-nothing. See `docs/memory-store.md` for the layout, expiry and eviction.
 
+mod adjust;
 mod fingerprint;
 mod shard;
 mod state;
