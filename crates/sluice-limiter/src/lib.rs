@@ -63,7 +63,7 @@ mod store_telemetry;
 mod verdict;
 
 pub use headers::{HeaderStyle, retry_after_secs};
-pub use limiter::Limiter;
+pub use limiter::{InvalidReservation, Limiter, ReservationTtls, Reserved};
 pub use metrics::{
     MAX_DECISION_SERIES, MAX_LABEL_VALUE_BYTES, Metrics, OVERFLOW_RULE, Outcome, Snapshot,
 };

@@ -12,7 +12,10 @@ mod assemble;
 mod check;
 mod envoy_hits;
 mod plan;
+mod reserve;
 mod rule_counters;
+
+pub use reserve::{InvalidReservation, ReservationTtls, Reserved};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -51,6 +54,8 @@ pub struct Limiter {
     reloads: Arc<ReloadLog>,
     /// envoyproxy/ratelimit's service-wide `QUOTA_MODE`: every limit is a quota limit.
     quota_mode: AtomicBool,
+    /// How long reservations hold.
+    reservation_ttls: reserve::Ttls,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -82,6 +87,7 @@ impl Limiter {
             history: DecisionHistory::default(),
             reloads,
             quota_mode: AtomicBool::new(false),
+            reservation_ttls: Default::default(),
         }
     }
 

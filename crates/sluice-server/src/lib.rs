@@ -85,6 +85,8 @@ pub struct ServeOptions {
     pub grpc_tls: Option<GrpcTls>,
     /// Rules from an xDS server instead of `config`'s files.
     pub xds: Option<xds::XdsOptions>,
+    /// How long `/v1/reserve` reservations hold: by default, and at most.
+    pub reservations: sluice_limiter::ReservationTtls,
 }
 
 impl ServeOptions {
@@ -108,6 +110,7 @@ impl ServeOptions {
             metrics_path: "/metrics".to_owned(),
             grpc_tls: None,
             xds: None,
+            reservations: sluice_limiter::ReservationTtls::default(),
         }
     }
 }
@@ -183,6 +186,7 @@ impl Server {
         let http = lifecycle::bind(options.http_addr).await?;
         let grpc = lifecycle::bind(options.grpc_addr).await?;
         limiter.set_quota_mode(options.envoy.quota_mode);
+        limiter.set_reservation_ttls(options.reservations);
         let admin = AdminState {
             limiter: limiter.clone(),
             admin_token: options.admin_token.as_deref().map(Arc::from),

@@ -2,8 +2,11 @@
 //! environment variables when the binary runs as that service.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
+use sluice_core::parse_duration_or_error;
 use sluice_http::serve::ConnectionLimits;
+use sluice_limiter::ReservationTtls;
 use sluice_server::{ServeOptions, Server, envoy_env};
 
 use crate::args::{ConnectionArgs, Headers, LogArgs, LogFormat, RulesArgs, StoreArgs};
@@ -43,6 +46,13 @@ pub(crate) struct ServeArgs {
     /// MERGE_DOMAIN_CONFIG); without it, a domain in a second file is an error.
     #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
     merge_domains: bool,
+    /// How long a `/v1/reserve` reservation holds when its request names no `ttl`; not settled
+    /// by then, it counts as used in full.
+    #[arg(long, env = "SLUICE_RESERVATION_TTL", value_parser = parse_duration_or_error, default_value = "5m")]
+    reservation_ttl: Duration,
+    /// The longest `ttl` a reservation may ask for.
+    #[arg(long, env = "SLUICE_MAX_RESERVATION_TTL", value_parser = parse_duration_or_error, default_value = "1h")]
+    max_reservation_ttl: Duration,
 }
 
 impl ServeArgs {
@@ -59,6 +69,10 @@ impl ServeArgs {
         options.admin_token = self.admin_token;
         options.http_headers = self.http_headers.into();
         options.grpc_headers = self.grpc_headers.into();
+        options.reservations = ReservationTtls {
+            default: self.reservation_ttl,
+            max: self.max_reservation_ttl,
+        };
         options
     }
 }
@@ -67,6 +81,12 @@ impl ServeArgs {
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.envoy_env {
         anyhow::bail!("--envoy-env takes every setting from the environment: give it alone");
+    }
+    if args.reservation_ttl.is_zero() || args.reservation_ttl > args.max_reservation_ttl {
+        anyhow::bail!(
+            "--reservation-ttl must be more than 0 and at most --max-reservation-ttl ({:?})",
+            args.max_reservation_ttl
+        );
     }
     run_service(args.log.log_format, "info", args.connections, |limits| {
         Server::start(args.options(limits))

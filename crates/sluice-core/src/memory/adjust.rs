@@ -8,7 +8,6 @@ use crate::{Policy, Timestamp};
 /// Gives `units` back to a stored counter at `now`, as far as it still holds what was taken at
 /// `taken_at` (a window that has ended has nothing to give back), and never past what the
 /// counter can hold. A state of another algorithm is left alone.
-#[allow(dead_code)] // used by the memory store's settle, next
 pub(crate) fn refund(
     policy: &Policy,
     stored: &mut State,
@@ -24,7 +23,6 @@ pub(crate) fn refund(
 /// the next request is refused until the excess has drained. Updates `stored` in place and
 /// returns `None`, or returns the state to store when there is none or it is of another
 /// algorithm.
-#[allow(dead_code)] // used by the memory store's settle, next
 pub(crate) fn charge(
     policy: &Policy,
     stored: Option<&mut State>,

@@ -7,18 +7,21 @@
 
 mod adjust;
 mod fingerprint;
+mod reservations;
 mod shard;
 mod state;
 
 use std::sync::{Mutex, MutexGuard};
 
 use fingerprint::{Fingerprint, Fingerprinter};
+use reservations::{Hold, Reservations};
 use shard::Shard;
 use state::{Meta, Update, apply, decide, decide_in_place};
 
 use crate::clock::duration_nanos;
 use crate::{
-    Check, Clock, Decision, Policy, Store, StoreResult, SystemClock, Timestamp, UnsupportedPolicy,
+    Check, Clock, Decision, Lease, Policy, Refund, ReservationId, Settlement, Store, StoreResult,
+    SystemClock, Timestamp, UnsupportedPolicy,
 };
 
 /// The default hard limit on tracked keys: about 100 MB of counters.
@@ -59,6 +62,8 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     /// Expiry times are stored as whole seconds after this instant, to keep entries small.
     base: Timestamp,
     max_keys: usize,
+    /// Reservations not yet forgotten, at most `max_keys` of them.
+    reservations: Reservations,
 }
 
 /// Configures a [`MemoryStore`].
@@ -129,6 +134,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             base: self.clock.now(),
             clock: self.clock,
             max_keys: self.max_keys,
+            reservations: Reservations::new(self.max_keys),
         }
     }
 }
@@ -157,7 +163,9 @@ impl<C: Clock> MemoryStore<C> {
     /// Drops every expired counter now. Stores sweep as they grow anyway; a server may also call
     /// this periodically so that memory shrinks after a burst of keys.
     pub fn sweep(&self) -> usize {
-        let now = self.secs(self.clock.now());
+        let now = self.clock.now();
+        self.reservations.sweep(now);
+        let now = self.secs(now);
         self.shards.iter().map(|s| lock(&s.0).sweep(now)).sum()
     }
 
@@ -189,7 +197,11 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Decides several checks atomically.
     fn check_all(&self, checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
-        let now = self.clock.now();
+        self.check_all_at(checks, self.clock.now())
+    }
+
+    /// Decides several checks atomically at `now`.
+    fn check_all_at(&self, checks: &[Check<'_>], now: Timestamp) -> StoreResult<Vec<Decision>> {
         let now_secs = self.secs(now);
         let keys: Vec<(Fingerprint, usize)> = checks
             .iter()
@@ -353,6 +365,112 @@ impl<C: Clock> MemoryStore<C> {
         decide(policy, shard.map.get(&fp), now, 0).1
     }
 
+    /// How many reservations are remembered, settled and expired ones included, until they are
+    /// forgotten twice their ttl after they were made.
+    pub fn reservations(&self) -> usize {
+        self.reservations.len()
+    }
+
+    /// The checks of a reservation, and its record when they all admit: see [`Store::reserve`].
+    fn reserve_now(&self, checks: &[Check<'_>], lease: Lease<'_>) -> StoreResult<Vec<Decision>> {
+        let now = self.clock.now();
+        self.reservations.make_room(now)?;
+        let decisions = self.check_all_at(checks, now)?;
+        if decisions.iter().all(|d| d.allowed) {
+            let holds = checks
+                .iter()
+                .map(|c| Hold {
+                    key: c.key.into(),
+                    policy: c.policy.clone(),
+                    cost: c.cost,
+                })
+                .collect();
+            self.reservations.insert(*lease.id, holds, now, lease.ttl);
+        }
+        Ok(decisions)
+    }
+
+    /// Settles a reservation: see [`Store::settle`].
+    fn settle_now(&self, id: &ReservationId, used: u64) -> StoreResult<Settlement> {
+        let now = self.clock.now();
+        let claim = match self.reservations.claim(*id, now) {
+            Ok(claim) => claim,
+            Err(why) => return Ok(why),
+        };
+        let reserved = claim.holds.iter().map(|h| h.cost).max().unwrap_or(0);
+        for hold in &claim.holds {
+            if used < hold.cost {
+                self.give_back(
+                    &hold.key,
+                    &hold.policy,
+                    hold.cost - used,
+                    claim.taken_at,
+                    now,
+                );
+            } else if used > hold.cost {
+                self.charge(&hold.key, &hold.policy, used - hold.cost, now)?;
+            }
+        }
+        Ok(Settlement::Settled {
+            reserved,
+            refunded: reserved.saturating_sub(used),
+            charged: used.saturating_sub(reserved),
+        })
+    }
+
+    /// Gives `units` taken at `taken_at` back to the counter `key`, if it is still tracked.
+    fn give_back(
+        &self,
+        key: &str,
+        policy: &Policy,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) {
+        let fp = self.fingerprints.of(key);
+        let mut shard = lock(&self.shards[self.shard_of(fp)].0);
+        if let Some(entry) = shard.map.get_mut(&fp) {
+            adjust::refund(policy, entry, units, taken_at, now);
+            entry.meta_mut().limited = false;
+        }
+    }
+
+    /// Charges `units` to the counter `key` whatever it holds, tracking it if it is not yet.
+    fn charge(&self, key: &str, policy: &Policy, units: u64, now: Timestamp) -> StoreResult<()> {
+        let fp = self.fingerprints.of(key);
+        let mut shard = lock(&self.shards[self.shard_of(fp)].0);
+        if let Some(entry) = shard.map.get_mut(&fp) {
+            if let Some(fresh) = adjust::charge(policy, Some(entry), units, now) {
+                *entry = fresh;
+            }
+            // The counter is full again later than before: its expiry follows.
+            let d = decide(policy, Some(entry), now, 0).1;
+            *entry.meta_mut() = self.meta(now, &d);
+            return Ok(());
+        }
+        shard.make_room(1, self.secs(now), self.max_keys)?;
+        if let Some(mut entry) = adjust::charge(policy, None, units, now) {
+            let d = decide(policy, Some(&entry), now, 0).1;
+            *entry.meta_mut() = self.meta(now, &d);
+            shard.map.insert(fp, entry);
+        }
+        Ok(())
+    }
+
+    /// Gives units back outside a reservation: see [`Store::refund`].
+    fn refund_now(&self, refunds: &[Refund<'_>]) -> Vec<Decision> {
+        let now = self.clock.now();
+        refunds
+            .iter()
+            .map(|r| {
+                if r.units > 0 {
+                    self.give_back(r.key, r.policy, r.units, now, now);
+                }
+                self.peek_one(r.key, r.policy)
+            })
+            .collect()
+    }
+
     fn remove(&self, key: &str) -> bool {
         let fp = self.fingerprints.of(key);
         lock(&self.shards[self.shard_of(fp)].0)
@@ -424,5 +542,17 @@ impl<C: Clock + 'static> Store for MemoryStore<C> {
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
         let algorithm = policy.algorithm();
         algorithm.spec().stores.memory.check("memory", algorithm)
+    }
+
+    async fn reserve(&self, checks: &[Check<'_>], lease: Lease<'_>) -> StoreResult<Vec<Decision>> {
+        self.reserve_now(checks, lease)
+    }
+
+    async fn settle(&self, id: &ReservationId, used: u64) -> StoreResult<Settlement> {
+        self.settle_now(id, used)
+    }
+
+    async fn refund(&self, refunds: &[Refund<'_>]) -> StoreResult<Vec<Decision>> {
+        Ok(self.refund_now(refunds))
     }
 }

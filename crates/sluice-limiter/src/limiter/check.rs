@@ -218,7 +218,7 @@ impl Limiter {
     /// Checks the planned checks at `which` atomically; their decisions, and whether they came
     /// from the fallback because the store failed. `peek` looks without consuming: every cost
     /// is taken as 0.
-    async fn check_group(
+    pub(super) async fn check_group(
         &self,
         checks: &[MatchedCheck],
         which: &[usize],
@@ -254,7 +254,7 @@ impl Limiter {
 
     /// The decisions of `batch` when the store failed with `e`: each check's `on_store_error`
     /// (`on_error` of its position).
-    async fn without_store(
+    pub(super) async fn without_store(
         &self,
         batch: &[Check<'_>],
         on_error: impl Fn(usize) -> OnStoreError,

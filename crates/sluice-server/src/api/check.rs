@@ -2,10 +2,13 @@
 //! status describes, and the headers a gateway would set. Unlike Envoy's `/json`, it keeps the
 //! true remainder of every limit, shadow ones included.
 
+use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use sluice_http::admin::secs;
 use sluice_http::problem::Problem;
+
+use sluice_limiter::{LimitRequest, Verdict};
 
 use super::{ApiBody, ApiState, decide, status_of};
 
@@ -14,6 +17,19 @@ pub(super) async fn answer(state: &ApiState, body: impl ApiBody) -> Result<Respo
     let super::Decided {
         request, verdict, ..
     } = decide(state, body).await?;
+    let (body, headers) = verdict_json(state, &request, &verdict);
+    let mut response = (status_of(&verdict), axum::Json(Value::Object(body))).into_response();
+    response.headers_mut().extend(headers);
+    Ok(response)
+}
+
+/// A verdict as `/v1/check` answers it: the body's fields, and the rate-limit headers, which
+/// the body repeats under `headers`. `/v1/reserve` adds its own fields to the same body.
+pub(super) fn verdict_json(
+    state: &ApiState,
+    request: &LimitRequest,
+    verdict: &Verdict,
+) -> (Map<String, Value>, Vec<(HeaderName, HeaderValue)>) {
     let descriptors: Vec<Value> = (0..request.descriptors.len())
         .map(|i| {
             let limits: Vec<Value> = verdict
@@ -45,13 +61,13 @@ pub(super) async fn answer(state: &ApiState, body: impl ApiBody) -> Result<Respo
         })
         .collect();
     let headers = verdict.headers(state.headers);
-    let header_json: serde_json::Map<String, Value> = headers
+    let header_json: Map<String, Value> = headers
         .iter()
         .map(|(k, v)| (k.as_str().to_owned(), json!(v.to_str().unwrap_or_default())))
         .collect();
-    let body =
-        json!({ "allowed": verdict.allowed, "descriptors": descriptors, "headers": header_json });
-    let mut response = (status_of(&verdict), axum::Json(body)).into_response();
-    response.headers_mut().extend(headers);
-    Ok(response)
+    let mut body = Map::new();
+    body.insert("allowed".into(), json!(verdict.allowed));
+    body.insert("descriptors".into(), Value::Array(descriptors));
+    body.insert("headers".into(), Value::Object(header_json));
+    (body, headers)
 }

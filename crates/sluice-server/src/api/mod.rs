@@ -4,6 +4,7 @@
 mod check;
 mod envoy_json;
 mod json_request;
+mod reserve;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -127,6 +128,22 @@ pub fn router(state: ApiState) -> Router {
             post(
                 |State(state): State<ApiState>, body: axum::body::Body| async move {
                     check::answer(&state, body).await
+                },
+            ),
+        )
+        .route(
+            "/v1/reserve",
+            post(
+                |State(state): State<ApiState>, body: axum::body::Body| async move {
+                    reserve::reserve(&state, body).await
+                },
+            ),
+        )
+        .route(
+            "/v1/settle",
+            post(
+                |State(state): State<ApiState>, body: axum::body::Body| async move {
+                    reserve::settle(&state, body).await
                 },
             ),
         )

@@ -13,3 +13,4 @@ mod harness;
 mod hostile_connections;
 mod http_api;
 mod lifecycle;
+mod reservations;

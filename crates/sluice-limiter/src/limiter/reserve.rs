@@ -1,0 +1,178 @@
+//! Usage known only afterwards: reserve a request's amount against every enforced limit at
+//! once, then settle with what it used. What was reserved and not used is given back; usage
+//! beyond the reservation is charged past the limit. The store records each reservation, so any
+//! instance that shares it can settle it (see `Store::reserve`).
+
+use std::time::Duration;
+
+use sluice_core::{Lease, ReservationId, Settlement, StoreError};
+
+use super::Limiter;
+use super::check::{Answer, Answers, Checked};
+use super::plan::Plan;
+use crate::request::{InvalidRequest, LimitRequest};
+use crate::verdict::Verdict;
+
+/// How long reservations hold: the default for a request that does not say, and the most one
+/// may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReservationTtls {
+    /// A reservation's ttl when its request names none.
+    pub default: Duration,
+    /// The longest ttl a request may ask for.
+    pub max: Duration,
+}
+
+impl Default for ReservationTtls {
+    /// Five minutes, at most an hour: long enough for a streamed model answer, short enough
+    /// that units held by a crashed caller come back the same hour.
+    fn default() -> Self {
+        ReservationTtls {
+            default: Duration::from_secs(300),
+            max: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The answer to a reservation.
+#[derive(Debug)]
+pub struct Reserved {
+    /// The verdict, as a check of the same request would have it.
+    pub verdict: Verdict,
+    /// The reservation to settle, when the request was admitted and the store recorded it.
+    /// `None` when it was refused, or admitted by a rule's `on_store_error` while the store
+    /// failed: then nothing was taken that a settle could give back.
+    pub reservation: Option<ReservationId>,
+    /// How long the reservation holds.
+    pub ttl: Duration,
+}
+
+/// Why a reservation could not be made. Nothing was taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidReservation {
+    /// The request itself is invalid.
+    #[error(transparent)]
+    Request(#[from] InvalidRequest),
+    /// The amount is zero.
+    #[error("`amount` is 0; reserve at least 1 unit")]
+    ZeroAmount,
+    /// The amount is above `u32::MAX`.
+    #[error("`amount` is {0}, above the largest amount of {max}", max = u32::MAX)]
+    AmountTooLarge(u64),
+    /// The ttl is zero.
+    #[error("`ttl` is 0; a reservation must hold for some time")]
+    ZeroTtl,
+    /// The ttl is above the maximum.
+    #[error("`ttl` is {got:?}, above the maximum of {max:?} (`--max-reservation-ttl`)")]
+    TtlTooLong {
+        /// What was asked.
+        got: Duration,
+        /// The maximum.
+        max: Duration,
+    },
+}
+
+impl Limiter {
+    /// How long reservations hold.
+    pub fn reservation_ttls(&self) -> ReservationTtls {
+        *self
+            .reservation_ttls
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sets how long reservations hold.
+    pub fn set_reservation_ttls(&self, ttls: ReservationTtls) {
+        *self
+            .reservation_ttls
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = ttls;
+    }
+
+    /// Reserves `amount` units of `request` (its `cost` is ignored) against every enforced
+    /// limit that applies, all or none, for `ttl` (the default when `None`). Shadow and soft
+    /// limits are looked at without consuming: a reservation never takes what it would not be
+    /// refused for. Envoy's quota mode does not apply: every enforced limit must admit.
+    pub async fn reserve(
+        &self,
+        request: &LimitRequest,
+        amount: u64,
+        ttl: Option<Duration>,
+    ) -> Result<Reserved, InvalidReservation> {
+        let ttls = self.reservation_ttls();
+        let ttl = ttl.unwrap_or(ttls.default);
+        if amount == 0 {
+            return Err(InvalidReservation::ZeroAmount);
+        }
+        if amount > u64::from(u32::MAX) {
+            return Err(InvalidReservation::AmountTooLarge(amount));
+        }
+        if ttl.is_zero() {
+            return Err(InvalidReservation::ZeroTtl);
+        }
+        if ttl > ttls.max {
+            return Err(InvalidReservation::TtlTooLong {
+                got: ttl,
+                max: ttls.max,
+            });
+        }
+        let request = LimitRequest {
+            cost: amount,
+            ..request.clone()
+        };
+        request.validate()?;
+        let rules = self.rules.rules();
+        let plan = Plan::new(&rules, &request, false);
+        let (enforced, observed): (Vec<usize>, Vec<usize>) =
+            (0..plan.checks.len()).partition(|&i| plan.checks[i].rule.mode.enforces());
+
+        let id = ReservationId::random();
+        let batch: Vec<_> = enforced
+            .iter()
+            .map(|&i| plan.checks[i].as_check())
+            .collect();
+        let (held, store_failed) = match self.store.reserve(&batch, Lease { id: &id, ttl }).await {
+            Ok(decisions) => (decisions, false),
+            Err(e) => {
+                let on_error = |k: usize| plan.checks[enforced[k]].rule.on_store_error;
+                (self.without_store(&batch, on_error, &e).await, true)
+            }
+        };
+        let (seen, seen_failed) = self.check_group(&plan.checks, &observed, true).await;
+
+        let allowed = held.iter().all(|d| d.allowed);
+        let mut answers = vec![None; plan.checks.len()];
+        for (&i, decision) in enforced.iter().zip(held) {
+            answers[i] = Some(Answer {
+                decision,
+                store_failed,
+            });
+        }
+        for (&i, decision) in observed.iter().zip(seen) {
+            answers[i] = Some(Answer {
+                decision,
+                store_failed: seen_failed,
+            });
+        }
+        let checked = Checked {
+            allowed,
+            over_reported: false,
+            answers: Answers::Each(answers),
+        };
+        let verdict = self.assemble(&rules, &request, plan, checked);
+        let recorded = verdict.allowed && !store_failed;
+        Ok(Reserved {
+            verdict,
+            reservation: recorded.then_some(id),
+            ttl,
+        })
+    }
+
+    /// Settles reservation `id` at `used` units: see [`sluice_core::Store::settle`].
+    pub async fn settle(&self, id: &ReservationId, used: u64) -> Result<Settlement, StoreError> {
+        self.store.settle(id, used).await
+    }
+}
+
+/// The limiter's field of reservation ttls, set at start-up and read per reservation.
+pub(super) type Ttls = std::sync::RwLock<ReservationTtls>;
