@@ -79,6 +79,7 @@ fn build(
             cost: None,
             limit_override: None,
             envoy_hits: false,
+            refund: false,
         });
     }
     if descriptors.is_empty() {

@@ -12,6 +12,7 @@ mod assemble;
 mod check;
 mod envoy_hits;
 mod plan;
+mod refund;
 mod reserve;
 mod rule_counters;
 
@@ -153,7 +154,12 @@ impl Limiter {
         let started = Instant::now();
         let rules = self.rules.rules();
         let plan = Plan::new(&rules, request, self.quota_mode.load(Ordering::Relaxed));
-        let checked = self.check(request, &plan).await;
+        let (plan, checked) = if request.descriptors.iter().any(|d| d.refund) {
+            self.check_with_refunds(request, plan).await
+        } else {
+            let checked = self.check(request, &plan).await;
+            (plan, checked)
+        };
         let verdict = self.assemble(&rules, request, plan, checked);
         self.metrics.observe_latency(started.elapsed());
         Ok(verdict)

@@ -31,6 +31,9 @@ pub enum Outcome {
     ShadowLimited,
     /// The store failed; the rule's `on_store_error` decided.
     StoreError,
+    /// Units given back (Envoy's `is_negative_hits`): answered `OK`, counted apart from the
+    /// decisions, so that refunds neither inflate the admitted nor hide the refused.
+    Refunded,
 }
 
 impl Outcome {
@@ -41,6 +44,7 @@ impl Outcome {
             Outcome::Limited => "limited",
             Outcome::ShadowLimited => "shadow_limited",
             Outcome::StoreError => "store_error",
+            Outcome::Refunded => "refunded",
         }
     }
 }

@@ -22,6 +22,10 @@ pub struct RequestDescriptor {
     /// is above it. This is how Envoy's token quotas work: check with 0 before the request,
     /// then report what it used.
     pub envoy_hits: bool,
+    /// The descriptor gives its cost back instead of taking it (Envoy's `is_negative_hits`):
+    /// each limit it matches gets the units back in its current window, never past what it
+    /// can hold, and the descriptor is answered `OK`.
+    pub refund: bool,
 }
 
 /// A per-request limit (Envoy's `RateLimitOverride`).
@@ -46,6 +50,7 @@ impl RequestDescriptor {
             cost: None,
             limit_override: None,
             envoy_hits: false,
+            refund: false,
         }
     }
 }

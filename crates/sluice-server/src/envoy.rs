@@ -64,6 +64,7 @@ pub fn to_limit_request(req: RateLimitRequest) -> Result<LimitRequest, String> {
             envoy_hits: d.hits_addend.is_some(),
             cost: d.hits_addend.map(|h| h.value),
             limit_override,
+            refund: d.is_negative_hits,
         });
     }
     Ok(LimitRequest {

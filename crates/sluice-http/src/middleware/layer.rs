@@ -219,6 +219,7 @@ impl SharedLimitLayer {
                 cost: None,
                 limit_override: None,
                 envoy_hits: false,
+                refund: false,
             };
             Some(Extracted {
                 request: LimitRequest {

@@ -59,8 +59,10 @@ impl Limiter {
             store_failed,
         } = answer;
         let rule = &check.rule;
+        let refund = request.descriptors[check.descriptor].refund;
         let outcome = match (decision.allowed, rule.mode.enforces(), store_failed) {
             (_, _, true) => Outcome::StoreError,
+            _ if refund => Outcome::Refunded,
             (true, _, _) => Outcome::Allowed,
             (false, true, _) => Outcome::Limited,
             (false, false, _) => Outcome::ShadowLimited,

@@ -15,7 +15,7 @@ use crate::metrics::Outcome;
 /// address can be reused by another rule.
 pub(super) struct RuleCounters {
     rules: Arc<RuleSet>,
-    by_rule: HashMap<usize, [Option<Counter>; 4]>,
+    by_rule: HashMap<usize, [Option<Counter>; 5]>,
 }
 
 impl RuleCounters {
@@ -37,6 +37,7 @@ fn outcome_index(outcome: Outcome) -> usize {
         Outcome::Limited => 1,
         Outcome::ShadowLimited => 2,
         Outcome::StoreError => 3,
+        Outcome::Refunded => 4,
     }
 }
 

@@ -66,7 +66,7 @@ struct JsonDescriptor {
     /// Sluice's native name for the descriptor's own cost.
     #[serde(default, deserialize_with = "flex_u64")]
     cost: Option<u64>,
-    /// Read so that Envoy's field is not refused; the gRPC service does not apply it either.
+    /// Envoy's refund: the descriptor's `hits_addend` is given back instead of taken.
     #[serde(default, alias = "isNegativeHits")]
     is_negative_hits: Option<bool>,
 }
@@ -336,6 +336,7 @@ impl JsonRequest {
                 envoy_hits: d.hits_addend.is_some(),
                 cost: d.cost.or(d.hits_addend),
                 limit_override,
+                refund: d.is_negative_hits.unwrap_or(false),
             });
         }
         if self.cost.is_some() && self.hits_addend.is_some() {

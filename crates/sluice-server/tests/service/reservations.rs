@@ -198,3 +198,52 @@ async fn bad_input_is_refused_naming_the_field_and_takes_nothing() {
     assert_eq!(remaining(&h, "zeta").await, 95, "no bad settle refunded");
     assert_eq!(settle(&h, &id, json!(5)).await.0, 200, "nor settled it");
 }
+
+#[tokio::test]
+async fn envoys_negative_hits_give_units_back_on_json_and_grpc() {
+    use crate::harness::{addend, descriptor, request};
+
+    let h = Harness::start().await;
+    let mut take = json_one("tokens", "eta");
+    take["hits_addend"] = json!(30);
+    let (status, _, _) = h.post("/json", &take).await;
+    assert_eq!(status, 200);
+    assert_eq!(remaining(&h, "eta").await, 70);
+
+    let give = |n: u64| {
+        json!({"domain": "shop", "descriptors": [{
+            "entries": [{"key": "tokens", "value": "eta"}],
+            "hitsAddend": n,
+            "isNegativeHits": true,
+        }]})
+    };
+    let (status, r, _) = h.post("/json", &give(20)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["statuses"][0]["code"], "OK");
+    assert_eq!(r["statuses"][0]["limitRemaining"], 90);
+    assert_eq!(remaining(&h, "eta").await, 90);
+    // Floored: never more than the limit holds.
+    h.post("/json", &give(500)).await;
+    assert_eq!(remaining(&h, "eta").await, 100);
+
+    // The same over gRPC, with Envoy's own field.
+    let mut rls = h.grpc().await;
+    let mut used = descriptor(&[("tokens", "theta")]);
+    used.hits_addend = addend(50);
+    rls.ask(request(vec![used.clone()])).await;
+    assert_eq!(remaining(&h, "theta").await, 50);
+    used.hits_addend = addend(15);
+    used.is_negative_hits = true;
+    let answer = rls.ask(request(vec![used])).await;
+    assert_eq!(answer.overall_code, 1, "OK: {answer:?}");
+    assert_eq!(answer.statuses[0].limit_remaining, 65);
+    assert_eq!(remaining(&h, "theta").await, 65);
+
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains(
+            r#"sluice_decisions_total{domain="shop",rule="shop/tokens",outcome="refunded"} 3"#
+        ),
+        "{metrics}"
+    );
+}
