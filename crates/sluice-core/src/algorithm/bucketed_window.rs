@@ -193,7 +193,39 @@ impl BucketedWindow {
         }
         let slot = &mut state.counts[(current % n) as usize];
         // `decide` admitted it, so the window holds at most `limit ≤ u32::MAX` with it.
-        *slot = u32::try_from(u64::from(*slot) + cost).unwrap_or(u32::MAX);
+        *slot = u32::try_from(u64::from(*slot).saturating_add(cost)).unwrap_or(u32::MAX);
+    }
+
+    /// Gives back `units` taken at `taken_at` to the bucket that holds that instant, while the
+    /// bucket is still in the window. A bucket that has left gives nothing back: its units no
+    /// longer count, and crediting them to a later bucket would let the window admit more than
+    /// its limit. The count never goes below zero, so a refund never leaves more than the
+    /// limit remaining.
+    pub fn refund(
+        &self,
+        state: &mut BucketedWindowState,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) {
+        let current = self.current(state, now);
+        let index = taken_at.as_nanos() / self.bucket;
+        if self.count(state, current, index) == 0 {
+            // Not in the window, of another split, or holding nothing to give back.
+            return;
+        }
+        let n = u64::from(self.sub_windows);
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        if let Some(slot) = state.counts.get_mut((index % n) as usize) {
+            *slot = slot.saturating_sub(units);
+        }
+    }
+
+    /// Takes `units` at `now` whatever the window holds, past the limit if need be: the current
+    /// bucket takes them as an admission would, so requests are refused until that bucket
+    /// leaves the window. A bucket holds at most `u32::MAX`, far past any limit.
+    pub fn charge(&self, state: &mut BucketedWindowState, units: u64, now: Timestamp) {
+        self.record(state, now, units);
     }
 }
 

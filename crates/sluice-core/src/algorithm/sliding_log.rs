@@ -120,6 +120,47 @@ impl SlidingLog {
         state.total += cost;
     }
 
+    /// Gives back up to `units` taken at `taken_at`: removes them from the newest entries
+    /// logged at or before `taken_at` that still count at `now`, newest first. Entries that
+    /// have left the window give nothing back: their units no longer count, and crediting them
+    /// to later entries would let the window admit more than its limit. Entries after
+    /// `taken_at` were admitted for other requests, so they are left alone.
+    pub fn refund(
+        &self,
+        state: &mut SlidingLogState,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) {
+        self.forget_expired(state, now);
+        let mut left = units;
+        let mut i = state.entries.len();
+        while left > 0 && i > 0 {
+            i -= 1;
+            let Some((at, held)) = state.entries.get_mut(i) else {
+                break;
+            };
+            if *at > taken_at {
+                continue;
+            }
+            let back = left.min(*held);
+            *held -= back;
+            left -= back;
+            state.total -= back;
+            if *held == 0 {
+                state.entries.remove(i);
+            }
+        }
+    }
+
+    /// Takes `units` at `now` whatever the log holds, past the limit if need be: they are
+    /// logged as an admission would be, so requests are refused until enough entries have left
+    /// the window. The total is held at `u64::MAX`, far past any limit, so that it cannot
+    /// overflow.
+    pub fn charge(&self, state: &mut SlidingLogState, units: u64, now: Timestamp) {
+        self.record(state, now, units.min(u64::MAX - state.total));
+    }
+
     /// Drops entries that no longer count at `now`.
     pub fn forget_expired(&self, state: &mut SlidingLogState, now: Timestamp) {
         while let Some((at, _)) = state.entries.front() {

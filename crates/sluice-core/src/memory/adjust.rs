@@ -1,8 +1,13 @@
 //! Changes to a stored counter outside a check: a refund of units taken before, and a charge
 //! that takes units whatever the counter holds. Settling a reservation does both; Envoy's
 //! `is_negative_hits` refunds.
+//!
+//! What a refund or a charge does is each algorithm's own (`refund` and `charge` on its policy
+//! type; docs/algorithms.md, "Refunds and charges"); which algorithm a stored state belongs to
+//! is read where the other per-algorithm steps are, in [`super::state`], so that no further
+//! file needs to name every algorithm.
 
-use super::state::State;
+use super::state::{self, State};
 use crate::{Policy, Timestamp};
 
 /// Gives `units` back to a stored counter at `now`, as far as it still holds what was taken at
@@ -16,8 +21,7 @@ pub(crate) fn refund(
     taken_at: Timestamp,
     now: Timestamp,
 ) {
-    let _ = (policy, stored, units, taken_at, now);
-    unimplemented!("refund")
+    state::refund(policy, stored, units, taken_at, now);
 }
 
 /// Takes `units` from a counter at `now` whatever it holds, past its limit if need be, so that
@@ -31,6 +35,5 @@ pub(crate) fn charge(
     units: u64,
     now: Timestamp,
 ) -> Option<State> {
-    let _ = (policy, stored, units, now);
-    unimplemented!("charge")
+    state::charge(policy, stored, units, now)
 }
