@@ -43,7 +43,7 @@ impl BucketedWindowState {
         let n = self.counts.len() as u64;
         let counts = (0..n)
             .map(|k| {
-                let index = (self.newest + 1 + k) % n.max(1);
+                let index = (self.newest % n.max(1) + 1 + k) % n.max(1);
                 self.counts[index as usize]
             })
             .collect();
@@ -118,7 +118,10 @@ impl BucketedWindow {
     /// [`BucketedWindow::record`] then starts it anew.
     fn count(&self, state: &BucketedWindowState, current: u64, index: u64) -> u64 {
         let n = u64::from(self.sub_windows);
-        if state.counts.len() as u64 != n || index > state.newest || index + n <= current {
+        if state.counts.len() as u64 != n
+            || index > state.newest
+            || index.saturating_add(n) <= current
+        {
             return 0;
         }
         u64::from(state.counts[(index % n) as usize])
@@ -126,7 +129,9 @@ impl BucketedWindow {
 
     /// Time from `now` until bucket `index` leaves the window.
     fn leaves(&self, index: u64, now: Timestamp) -> Duration {
-        let at = (index + u64::from(self.sub_windows)).saturating_mul(self.bucket);
+        let at = index
+            .saturating_add(u64::from(self.sub_windows))
+            .saturating_mul(self.bucket);
         Duration::from_nanos(at.saturating_sub(now.as_nanos()))
     }
 
@@ -137,7 +142,7 @@ impl BucketedWindow {
     pub fn decide(&self, state: &BucketedWindowState, now: Timestamp, cost: u64) -> Decision {
         let current = self.current(state, now);
         let n = u64::from(self.sub_windows);
-        let first = (current + 1).saturating_sub(n);
+        let first = current.saturating_sub(n - 1);
         let used: u64 = (first..=current)
             .map(|i| self.count(state, current, i))
             .sum();
@@ -159,12 +164,13 @@ impl BucketedWindow {
         if need <= remaining {
             return Decision::allow(self.limit, remaining - cost, reset(cost > 0));
         }
-        // Wait until enough of the oldest buckets leave to make room.
+        // Wait until enough of the oldest buckets leave to make room. A charge may have taken
+        // the window past its limit, so room is what is left of `used`, not `remaining` plus it.
         let mut freed = 0;
         let mut retry = self.leaves(current, now);
         for i in first..=current {
             freed += self.count(state, current, i);
-            if remaining + freed >= need {
+            if (used - freed).saturating_add(need) <= self.limit {
                 retry = self.leaves(i, now);
                 break;
             }

@@ -100,7 +100,8 @@ impl Gcra {
             return (tat, Decision::deny(self.burst, free(backlog), reset, retry));
         }
         let new_backlog = backlog + cost * self.interval;
-        let new_tat = Timestamp::from_nanos(now_n + new_backlog);
+        // Saturating: a clock at the end of time must not overflow.
+        let new_tat = Timestamp::from_nanos(now_n.saturating_add(new_backlog));
         let decision = Decision::allow(
             self.burst,
             free(new_backlog),

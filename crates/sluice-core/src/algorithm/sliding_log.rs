@@ -94,13 +94,14 @@ impl SlidingLog {
         if need <= remaining {
             return Decision::allow(self.limit, remaining - cost, last_expiry(cost > 0));
         }
-        // Wait until enough of the oldest entries expire to make room.
+        // Wait until enough of the oldest entries expire to make room. A charge may have taken
+        // the log past its limit, so room is what is left of `used`, not `remaining` plus it.
         let mut freed = 0;
         let mut retry = Duration::ZERO;
         for (at, units) in live {
             freed += units;
             retry = self.expiry(*at, now);
-            if remaining + freed >= need {
+            if (used - freed).saturating_add(need) <= self.limit {
                 break;
             }
         }
