@@ -198,7 +198,8 @@ impl BucketedWindow {
             state.newest = current;
         }
         let slot = &mut state.counts[(current % n) as usize];
-        // `decide` admitted it, so the window holds at most `limit ≤ u32::MAX` with it.
+        // An admission keeps the window within `limit ≤ u32::MAX`; a charge may go past it,
+        // and the bucket then holds `u32::MAX` at most.
         *slot = u32::try_from(u64::from(*slot).saturating_add(cost)).unwrap_or(u32::MAX);
     }
 

@@ -3,7 +3,9 @@
 //!
 //! Only admitted requests are logged (a rejected one would otherwise keep its sender locked out),
 //! and requests that arrive at the same instant share one entry, so a log never holds more than
-//! `limit` entries: its memory is bounded by the limit.
+//! `limit` entries: its memory is bounded by the limit. A charge (usage settled beyond what was
+//! reserved) adds one entry more, so with charges the bound is `limit` plus one per charge in the
+//! window.
 
 use std::collections::VecDeque;
 use std::time::Duration;
