@@ -43,7 +43,7 @@ impl BucketedWindowState {
         let n = self.counts.len() as u64;
         let counts = (0..n)
             .map(|k| {
-                let index = (self.newest + 1 + k) % n.max(1);
+                let index = (self.newest % n.max(1) + 1 + k) % n.max(1);
                 self.counts[index as usize]
             })
             .collect();
@@ -118,7 +118,10 @@ impl BucketedWindow {
     /// [`BucketedWindow::record`] then starts it anew.
     fn count(&self, state: &BucketedWindowState, current: u64, index: u64) -> u64 {
         let n = u64::from(self.sub_windows);
-        if state.counts.len() as u64 != n || index > state.newest || index + n <= current {
+        if state.counts.len() as u64 != n
+            || index > state.newest
+            || index.saturating_add(n) <= current
+        {
             return 0;
         }
         u64::from(state.counts[(index % n) as usize])
@@ -126,7 +129,9 @@ impl BucketedWindow {
 
     /// Time from `now` until bucket `index` leaves the window.
     fn leaves(&self, index: u64, now: Timestamp) -> Duration {
-        let at = (index + u64::from(self.sub_windows)).saturating_mul(self.bucket);
+        let at = index
+            .saturating_add(u64::from(self.sub_windows))
+            .saturating_mul(self.bucket);
         Duration::from_nanos(at.saturating_sub(now.as_nanos()))
     }
 
@@ -137,7 +142,7 @@ impl BucketedWindow {
     pub fn decide(&self, state: &BucketedWindowState, now: Timestamp, cost: u64) -> Decision {
         let current = self.current(state, now);
         let n = u64::from(self.sub_windows);
-        let first = (current + 1).saturating_sub(n);
+        let first = current.saturating_sub(n - 1);
         let used: u64 = (first..=current)
             .map(|i| self.count(state, current, i))
             .sum();
@@ -159,12 +164,13 @@ impl BucketedWindow {
         if need <= remaining {
             return Decision::allow(self.limit, remaining - cost, reset(cost > 0));
         }
-        // Wait until enough of the oldest buckets leave to make room.
+        // Wait until enough of the oldest buckets leave to make room. A charge may have taken
+        // the window past its limit, so room is what is left of `used`, not `remaining` plus it.
         let mut freed = 0;
         let mut retry = self.leaves(current, now);
         for i in first..=current {
             freed += self.count(state, current, i);
-            if remaining + freed >= need {
+            if (used - freed).saturating_add(need) <= self.limit {
                 retry = self.leaves(i, now);
                 break;
             }
@@ -192,8 +198,41 @@ impl BucketedWindow {
             state.newest = current;
         }
         let slot = &mut state.counts[(current % n) as usize];
-        // `decide` admitted it, so the window holds at most `limit ≤ u32::MAX` with it.
-        *slot = u32::try_from(u64::from(*slot) + cost).unwrap_or(u32::MAX);
+        // An admission keeps the window within `limit ≤ u32::MAX`; a charge may go past it,
+        // and the bucket then holds `u32::MAX` at most.
+        *slot = u32::try_from(u64::from(*slot).saturating_add(cost)).unwrap_or(u32::MAX);
+    }
+
+    /// Gives back `units` taken at `taken_at` to the bucket that holds that instant, while the
+    /// bucket is still in the window. A bucket that has left gives nothing back: its units no
+    /// longer count, and crediting them to a later bucket would let the window admit more than
+    /// its limit. The count never goes below zero, so a refund never leaves more than the
+    /// limit remaining.
+    pub fn refund(
+        &self,
+        state: &mut BucketedWindowState,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) {
+        let current = self.current(state, now);
+        let index = taken_at.as_nanos() / self.bucket;
+        if self.count(state, current, index) == 0 {
+            // Not in the window, of another split, or holding nothing to give back.
+            return;
+        }
+        let n = u64::from(self.sub_windows);
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        if let Some(slot) = state.counts.get_mut((index % n) as usize) {
+            *slot = slot.saturating_sub(units);
+        }
+    }
+
+    /// Takes `units` at `now` whatever the window holds, past the limit if need be: the current
+    /// bucket takes them as an admission would, so requests are refused until that bucket
+    /// leaves the window. A bucket holds at most `u32::MAX`, far past any limit.
+    pub fn charge(&self, state: &mut BucketedWindowState, units: u64, now: Timestamp) {
+        self.record(state, now, units);
     }
 }
 

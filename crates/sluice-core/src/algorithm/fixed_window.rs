@@ -110,6 +110,19 @@ impl FixedWindow {
         }
     }
 
+    /// The state brought to the window `now` falls in: a new, empty window when the stored one
+    /// has ended.
+    #[inline(always)]
+    fn current(&self, state: FixedWindowState, now: Timestamp) -> FixedWindowState {
+        let start = self.window_start(state.start, now);
+        // A clock that stepped back into an earlier window keeps counting the later one.
+        if start <= state.start && state.count > 0 {
+            state
+        } else {
+            FixedWindowState { start, count: 0 }
+        }
+    }
+
     /// Decides a request of `cost` against `state` at `now`. Returns the new state, which the
     /// caller stores only if the decision admits the request. A fresh key's state is the default.
     ///
@@ -122,13 +135,7 @@ impl FixedWindow {
         now: Timestamp,
         cost: u64,
     ) -> (FixedWindowState, Decision) {
-        let start = self.window_start(state.start, now);
-        // A clock that stepped back into an earlier window keeps counting the later one.
-        let current = if start <= state.start && state.count > 0 {
-            state
-        } else {
-            FixedWindowState { start, count: 0 }
-        };
+        let current = self.current(state, now);
         let end = current.start.as_nanos().saturating_add(self.window);
         let to_end = Duration::from_nanos(end.saturating_sub(now.as_nanos()));
         let remaining = self.limit.saturating_sub(current.count);
@@ -155,6 +162,39 @@ impl FixedWindow {
             to_end
         };
         (after, Decision::allow(self.limit, remaining - cost, reset))
+    }
+
+    /// Gives back `units` taken at `taken_at`, if the stored window is the one that took them.
+    /// Once that window has ended its units are gone with it: giving them to a later window
+    /// would let that window admit more than its limit. The count never goes below zero, so a
+    /// refund never leaves more than the limit remaining. `now` is not needed: a stored window
+    /// that has ended is replaced by the next decision whatever it holds.
+    pub fn refund(
+        &self,
+        state: FixedWindowState,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) -> FixedWindowState {
+        let _ = now;
+        let end = state.start.as_nanos().saturating_add(self.window);
+        if taken_at < state.start || taken_at.as_nanos() >= end {
+            return state;
+        }
+        FixedWindowState {
+            count: state.count.saturating_sub(units),
+            ..state
+        }
+    }
+
+    /// Takes `units` at `now` whatever the window holds, past the limit if need be: requests
+    /// are refused until the window ends, when the excess goes with it.
+    pub fn charge(&self, state: FixedWindowState, units: u64, now: Timestamp) -> FixedWindowState {
+        let current = self.current(state, now);
+        FixedWindowState {
+            count: current.count.saturating_add(units),
+            ..current
+        }
     }
 }
 

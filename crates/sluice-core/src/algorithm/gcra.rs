@@ -100,13 +100,44 @@ impl Gcra {
             return (tat, Decision::deny(self.burst, free(backlog), reset, retry));
         }
         let new_backlog = backlog + cost * self.interval;
-        let new_tat = Timestamp::from_nanos(now_n + new_backlog);
+        // Saturating: a clock at the end of time must not overflow.
+        let new_tat = Timestamp::from_nanos(now_n.saturating_add(new_backlog));
         let decision = Decision::allow(
             self.burst,
             free(new_backlog),
             Duration::from_nanos(new_backlog),
         );
         (new_tat, decision)
+    }
+
+    /// Gives back `units` requests' worth at `now`: the arrival time moves back `units`
+    /// emission intervals, but never before now. A TAT at or before now is a full burst
+    /// already, so there is nothing to give back; stopping at now is what keeps a refund from
+    /// raising the burst past its size. As in the token bucket, capacity is all alike, so
+    /// `taken_at` is ignored.
+    pub fn refund(
+        &self,
+        tat: Timestamp,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) -> Timestamp {
+        let _ = taken_at;
+        if tat <= now {
+            return tat;
+        }
+        let back = tat
+            .as_nanos()
+            .saturating_sub(units.saturating_mul(self.interval));
+        Timestamp::from_nanos(back.max(now.as_nanos()))
+    }
+
+    /// Takes `units` requests' worth at `now` whatever the backlog: the arrival time moves
+    /// `units` emission intervals later, past the burst if need be, so requests are refused
+    /// until the excess has drained at the rate.
+    pub fn charge(&self, tat: Timestamp, units: u64, now: Timestamp) -> Timestamp {
+        let from = tat.max(now).as_nanos();
+        Timestamp::from_nanos(from.saturating_add(units.saturating_mul(self.interval)))
     }
 }
 

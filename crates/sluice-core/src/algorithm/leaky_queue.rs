@@ -116,6 +116,34 @@ impl LeakyQueue {
         decision.delay = Duration::from_nanos(delay);
         (Timestamp::from_nanos(new_next), decision)
     }
+
+    /// Gives back `units` queue slots at `now`: the next free slot moves `units` release
+    /// intervals earlier, but never before now, since a slot in the past is no slot at all and
+    /// an empty queue has nothing to give back. Slots are all alike, so `taken_at` is ignored.
+    pub fn refund(
+        &self,
+        next: Timestamp,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) -> Timestamp {
+        let _ = taken_at;
+        if next <= now {
+            return next;
+        }
+        let back = next
+            .as_nanos()
+            .saturating_sub(units.saturating_mul(self.interval));
+        Timestamp::from_nanos(back.max(now.as_nanos()))
+    }
+
+    /// Takes `units` slots at `now` whatever the queue holds: the next free slot moves `units`
+    /// release intervals later, past the queue's size if need be, so requests are refused
+    /// until the queue has drained back within its bounds.
+    pub fn charge(&self, next: Timestamp, units: u64, now: Timestamp) -> Timestamp {
+        let from = next.max(now).as_nanos();
+        Timestamp::from_nanos(from.saturating_add(units.saturating_mul(self.interval)))
+    }
 }
 
 /// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.

@@ -187,6 +187,45 @@ impl SlidingCounter {
         let reset = self.reset_after(after, elapsed);
         (after, Decision::allow(self.limit, remaining - cost, reset))
     }
+
+    /// Gives back `units` taken at `taken_at`: from the current window's count if they were
+    /// taken in it, from the previous window's if they were taken in that one (it still weighs
+    /// on the estimate), and not at all if they were taken earlier, since those units no longer
+    /// count and giving them to a later window would let it admit more than its limit. Counts
+    /// never go below zero, so a refund never leaves more than the limit remaining.
+    pub fn refund(
+        &self,
+        state: SlidingCounterState,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) -> SlidingCounterState {
+        let mut s = self.roll(state, now);
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        let start = s.start.as_nanos();
+        let at = taken_at.as_nanos();
+        if at >= start && at - start < self.window {
+            s.current = s.current.saturating_sub(units);
+        } else if at < start && start - at <= self.window {
+            s.previous = s.previous.saturating_sub(units);
+        }
+        s
+    }
+
+    /// Takes `units` at `now` whatever the estimate, past the limit if need be: the current
+    /// count takes them, so requests are refused until they have weighed down enough as the
+    /// window slides past, as any units admitted at `now` would.
+    pub fn charge(
+        &self,
+        state: SlidingCounterState,
+        units: u64,
+        now: Timestamp,
+    ) -> SlidingCounterState {
+        let mut s = self.roll(state, now);
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        s.current = s.current.saturating_add(units);
+        s
+    }
 }
 
 /// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.

@@ -3,7 +3,9 @@
 //!
 //! Only admitted requests are logged (a rejected one would otherwise keep its sender locked out),
 //! and requests that arrive at the same instant share one entry, so a log never holds more than
-//! `limit` entries: its memory is bounded by the limit.
+//! `limit` entries: its memory is bounded by the limit. A charge (usage settled beyond what was
+//! reserved) adds one entry more, so with charges the bound is `limit` plus one per charge in the
+//! window.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -94,13 +96,14 @@ impl SlidingLog {
         if need <= remaining {
             return Decision::allow(self.limit, remaining - cost, last_expiry(cost > 0));
         }
-        // Wait until enough of the oldest entries expire to make room.
+        // Wait until enough of the oldest entries expire to make room. A charge may have taken
+        // the log past its limit, so room is what is left of `used`, not `remaining` plus it.
         let mut freed = 0;
         let mut retry = Duration::ZERO;
         for (at, units) in live {
             freed += units;
             retry = self.expiry(*at, now);
-            if remaining + freed >= need {
+            if (used - freed).saturating_add(need) <= self.limit {
                 break;
             }
         }
@@ -118,6 +121,47 @@ impl SlidingLog {
             _ => state.entries.push_back((now, cost)),
         }
         state.total += cost;
+    }
+
+    /// Gives back up to `units` taken at `taken_at`: removes them from the newest entries
+    /// logged at or before `taken_at` that still count at `now`, newest first. Entries that
+    /// have left the window give nothing back: their units no longer count, and crediting them
+    /// to later entries would let the window admit more than its limit. Entries after
+    /// `taken_at` were admitted for other requests, so they are left alone.
+    pub fn refund(
+        &self,
+        state: &mut SlidingLogState,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) {
+        self.forget_expired(state, now);
+        let mut left = units;
+        let mut i = state.entries.len();
+        while left > 0 && i > 0 {
+            i -= 1;
+            let Some((at, held)) = state.entries.get_mut(i) else {
+                break;
+            };
+            if *at > taken_at {
+                continue;
+            }
+            let back = left.min(*held);
+            *held -= back;
+            left -= back;
+            state.total -= back;
+            if *held == 0 {
+                state.entries.remove(i);
+            }
+        }
+    }
+
+    /// Takes `units` at `now` whatever the log holds, past the limit if need be: they are
+    /// logged as an admission would be, so requests are refused until enough entries have left
+    /// the window. The total is held at `u64::MAX`, far past any limit, so that it cannot
+    /// overflow.
+    pub fn charge(&self, state: &mut SlidingLogState, units: u64, now: Timestamp) {
+        self.record(state, now, units.min(u64::MAX - state.total));
     }
 
     /// Drops entries that no longer count at `now`.

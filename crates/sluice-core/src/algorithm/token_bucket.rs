@@ -146,6 +146,47 @@ impl TokenBucket {
         let reset = self.time_until(after, now, self.capacity);
         (after, Decision::allow(self.capacity, after.tokens, reset))
     }
+
+    /// Gives back `units` tokens at `now`, up to the capacity. Tokens are all alike, so it does
+    /// not matter when they were taken: `taken_at` is ignored. A bucket that has refilled since
+    /// then has less room to take them back, and a full one takes none, which is what keeps a
+    /// refund from ever raising the bucket past its capacity.
+    pub fn refund(
+        &self,
+        state: TokenBucketState,
+        units: u64,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) -> TokenBucketState {
+        let _ = taken_at;
+        let s = self.refill(state, now);
+        let tokens = s.tokens.saturating_add(units);
+        if tokens >= self.capacity {
+            // Full, as `refill` leaves a full bucket: no fraction carries over.
+            return self.initial(now);
+        }
+        TokenBucketState { tokens, ..s }
+    }
+
+    /// Takes `units` tokens at `now` whatever the bucket holds. What the bucket lacks becomes a
+    /// debt that the refill pays before it earns any token: `last` moves that far past now, so
+    /// every request is refused until the debt is paid and the next token earned, just as if
+    /// the bucket had lent the tokens.
+    pub fn charge(&self, state: TokenBucketState, units: u64, now: Timestamp) -> TokenBucketState {
+        let s = self.refill(state, now);
+        if s.tokens >= units {
+            return TokenBucketState {
+                tokens: s.tokens - units,
+                ..s
+            };
+        }
+        let debt = self.time_for(units - s.tokens);
+        let from = s.last.max(now).as_nanos();
+        TokenBucketState {
+            tokens: 0,
+            last: Timestamp::from_nanos(from.saturating_add(debt)),
+        }
+    }
 }
 
 /// How the rest of Sluice builds and names this algorithm's policies: see the algorithm table.

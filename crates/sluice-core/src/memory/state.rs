@@ -232,3 +232,106 @@ pub(crate) fn apply(
         (Update::Record(_), _, _) => None,
     }
 }
+
+/// Gives `units` back to a stored counter at `now`, by its algorithm's own refund: see
+/// [`super::adjust::refund`]. A state of another algorithm is left alone: it took nothing under
+/// this policy, and the next check replaces it.
+pub(crate) fn refund(
+    policy: &Policy,
+    stored: &mut State,
+    units: u64,
+    taken_at: Timestamp,
+    now: Timestamp,
+) {
+    match (policy, stored) {
+        (Policy::TokenBucket(p), State::TokenBucket(_, s)) => {
+            *s = p.refund(*s, units, taken_at, now);
+        }
+        (Policy::Gcra(p), State::Gcra(_, t)) => *t = p.refund(*t, units, taken_at, now),
+        (Policy::LeakyQueue(p), State::LeakyQueue(_, t)) => {
+            *t = p.refund(*t, units, taken_at, now);
+        }
+        (Policy::FixedWindow(p), State::FixedWindow(_, s)) => {
+            *s = p.refund(*s, units, taken_at, now);
+        }
+        (Policy::SlidingCounter(p), State::SlidingCounter(_, s)) => {
+            *s = p.refund(*s, units, taken_at, now);
+        }
+        (Policy::SlidingLog(p), State::SlidingLog(_, log)) => {
+            p.refund(log, units, taken_at, now);
+        }
+        (Policy::BucketedWindow(p), State::BucketedWindow(_, b)) => {
+            p.refund(b, units, taken_at, now);
+        }
+        _ => {}
+    }
+}
+
+/// Takes `units` from a counter at `now` by its algorithm's own charge: see
+/// [`super::adjust::charge`]. Updates `stored` in place and returns `None`, or returns a fresh
+/// state charged when there is none or it is of another algorithm, as [`apply`] does.
+pub(crate) fn charge(
+    policy: &Policy,
+    stored: Option<&mut State>,
+    units: u64,
+    now: Timestamp,
+) -> Option<State> {
+    let fresh = Meta::default();
+    match (policy, stored) {
+        (Policy::TokenBucket(p), Some(State::TokenBucket(_, s))) => {
+            *s = p.charge(*s, units, now);
+            None
+        }
+        (Policy::TokenBucket(p), _) => Some(State::TokenBucket(
+            fresh,
+            p.charge(p.initial(now), units, now),
+        )),
+        (Policy::Gcra(p), Some(State::Gcra(_, t))) => {
+            *t = p.charge(*t, units, now);
+            None
+        }
+        (Policy::Gcra(p), _) => Some(State::Gcra(fresh, p.charge(Timestamp::EPOCH, units, now))),
+        (Policy::LeakyQueue(p), Some(State::LeakyQueue(_, t))) => {
+            *t = p.charge(*t, units, now);
+            None
+        }
+        (Policy::LeakyQueue(p), _) => Some(State::LeakyQueue(
+            fresh,
+            p.charge(Timestamp::EPOCH, units, now),
+        )),
+        (Policy::FixedWindow(p), Some(State::FixedWindow(_, s))) => {
+            *s = p.charge(*s, units, now);
+            None
+        }
+        (Policy::FixedWindow(p), _) => Some(State::FixedWindow(
+            fresh,
+            p.charge(FixedWindowState::default(), units, now),
+        )),
+        (Policy::SlidingCounter(p), Some(State::SlidingCounter(_, s))) => {
+            *s = p.charge(*s, units, now);
+            None
+        }
+        (Policy::SlidingCounter(p), _) => Some(State::SlidingCounter(
+            fresh,
+            p.charge(SlidingCounterState::default(), units, now),
+        )),
+        (Policy::SlidingLog(p), Some(State::SlidingLog(_, log))) => {
+            p.charge(log, units, now);
+            None
+        }
+        (Policy::SlidingLog(p), _) => {
+            let mut log = Box::<SlidingLogState>::default();
+            p.charge(&mut log, units, now);
+            Some(State::SlidingLog(fresh, log))
+        }
+        (Policy::BucketedWindow(p), Some(State::BucketedWindow(_, b))) => {
+            p.charge(b, units, now);
+            None
+        }
+        (Policy::BucketedWindow(p), _) => {
+            let mut b = Box::<BucketedWindowState>::default();
+            p.charge(&mut b, units, now);
+            Some(State::BucketedWindow(fresh, b))
+        }
+    }
+}
