@@ -126,6 +126,21 @@ async fn settling_above_the_reservation_charges_past_the_limit(topology: Topolog
             name(&policy),
             d[0]
         );
+        if let Topology::Standalone = topology {
+            // The key lives until the counter is full again, as after a check, and no longer.
+            let pttl: u64 = shared_server()
+                .command(&["PTTL", &store.key_of(&key)])
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let bound = d[0].reset_after.as_millis() as u64 + 1_001;
+            assert!(
+                pttl + 1_000 >= bound && pttl <= bound,
+                "{}: {pttl} ms for {bound} ms",
+                name(&policy)
+            );
+        }
     }
 }
 
@@ -484,4 +499,39 @@ async fn the_record_is_a_list_that_outlives_the_ttl() {
     store.settle(&id, 7).await.unwrap();
     let head = server.command(&["LINDEX", &key, "0"]).unwrap();
     assert_eq!(head.trim(), "settled");
+}
+
+/// A settle in the window after the reservation's: a fixed window has nothing to give back (the
+/// window that counted it has ended), while a sliding counter gives back to its previous
+/// window, which still weighs.
+#[tokio::test]
+async fn a_settle_in_the_next_window_gives_back_where_the_units_still_count() {
+    let store = store(Topology::Standalone).await;
+    let ttl = 2 * HOUR;
+    let policies = fifty_per_hour();
+    let (fixed, sliding) = (&policies[4], &policies[6]); // clock-aligned windows of an hour
+    let start = store.time_offset();
+    for policy in [fixed, sliding] {
+        store.set_time_offset(start);
+        let key = format!("next:{}", name(policy));
+        let id = ReservationId::random();
+        let ds = store
+            .reserve(&[Check::new(&key, policy, 10)], Lease { id: &id, ttl })
+            .await
+            .unwrap();
+        assert!(ds[0].allowed);
+        store.advance_time(HOUR);
+        let before = remaining(&store, &key, policy).await;
+        assert!(matches!(
+            store.settle(&id, 0).await.unwrap(),
+            Settlement::Settled { refunded: 10, .. }
+        ));
+        let after = remaining(&store, &key, policy).await;
+        if policy == fixed {
+            assert_eq!((before, after), (50, 50), "{}", name(policy));
+        } else {
+            assert!(before < 50, "{}: the previous window weighs", name(policy));
+            assert_eq!(after, 50, "{}", name(policy));
+        }
+    }
 }
