@@ -84,6 +84,9 @@
 //! list: a header holding the total of its units, then one `"<nanos> <units>"` entry per
 //! distinct arrival time, oldest first. Every write sets the key's TTL to when the counter is
 //! full again, plus a second, so that idle counters vanish.
+//!
+//! A reservation's record is a list of its own, `prefix:reservation:{id}` (see [`RESERVE`] and
+//! `store/reservations.rs`), which lives twice the reservation's ttl plus a second.
 
 pub(crate) mod algorithm;
 pub(crate) mod args;
