@@ -535,3 +535,37 @@ async fn a_settle_in_the_next_window_gives_back_where_the_units_still_count() {
         }
     }
 }
+
+/// The sliding log gives back from its newest entries first, across entries, and never from
+/// an entry newer than the reservation's.
+#[tokio::test]
+async fn the_sliding_log_gives_back_newest_first() {
+    let store = store(Topology::Standalone).await;
+    let log = fifty_per_hour().remove(5);
+    let units = |n| Refund {
+        key: "log",
+        policy: &log,
+        units: n,
+    };
+    let id = reserve(&store, "log", &log, 5).await;
+    store.advance_time(Duration::from_secs(1));
+    store.check(&[Check::new("log", &log, 3)]).await.unwrap();
+    store.advance_time(Duration::from_secs(1));
+    store.check(&[Check::new("log", &log, 2)]).await.unwrap();
+    // The settle gives back only from the reservation's entry: the later two stay.
+    store.settle(&id, 1).await.unwrap();
+    assert_eq!(remaining(&store, "log", &log).await, 50 - 1 - 3 - 2);
+    // 4 from now back: the newest entry's 2, then 2 of the 3 before it.
+    let d = store.refund(&[units(4)]).await.unwrap();
+    assert_eq!(d[0].remaining, 50 - 1 - 1);
+    let entries = shared_server()
+        .command(&["LRANGE", &store.key_of("log"), "0", "-1"])
+        .unwrap();
+    let entries: Vec<&str> = entries.lines().collect();
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    assert_eq!(entries[0], "2", "the header holds the total");
+    assert!(
+        entries[1].ends_with(" 1") && entries[2].ends_with(" 1"),
+        "{entries:?}"
+    );
+}
