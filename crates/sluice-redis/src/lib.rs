@@ -4,7 +4,8 @@
 //! [`RedisStore`] implements the core [`Store`](sluice_core::Store) contract for all six
 //! algorithms. Each check runs as one atomic Lua script per Cluster slot, on Redis `TIME`, so
 //! instances with skewed clocks agree. Checks of one request that span slots are reserved slot
-//! by slot and given back if any slot refuses. Every call has a timeout, and a circuit breaker
+//! by slot and given back if any slot refuses. Reservations (`Store::reserve`, `settle`,
+//! `refund`) are recorded in Redis beside the counters, so any instance settles them. Every call has a timeout, and a circuit breaker
 //! answers at once while Redis is down, so that each rule's `on_store_error` can decide fast.
 //! `docs/redis-store.md` describes the key layout, the scripts and the failure handling.
 //!

@@ -10,8 +10,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::{RedisError, RedisResult};
 use sluice_core::{
-    BreakerState, Check, Decision, Policy, Store, StoreError, StoreResult, Timestamp,
-    UnsupportedPolicy,
+    BreakerState, Check, Decision, Lease, Policy, Refund, ReservationId, Settlement, Store,
+    StoreError, StoreResult, Timestamp, UnsupportedPolicy,
 };
 
 use crate::breaker::{Breaker, Permit};
@@ -23,6 +23,8 @@ use crate::scripts::exact::check_exact;
 use crate::scripts::reply::{Reply, decode_replies};
 use crate::url::{RedisUrl, Topology};
 use crate::{ConnectError, RedisOptions};
+
+mod reservations;
 
 /// Counters in Redis, shared exactly by every instance that uses the same Redis and prefix.
 ///
@@ -333,13 +335,35 @@ impl RedisStore {
         let offset = self.time_offset();
         let now = self.app_now(offset);
         let keys: Vec<String> = checks.iter().map(|c| self.key_of(c.key)).collect();
-        let groups = self.groups(&keys);
+        let (mut decisions, all_allowed) = self
+            .decide_groups(checks, &keys, now, offset, |r| r.decision)
+            .await?;
+        if !all_allowed {
+            // The request consumed nothing, so a check that would have admitted reports its
+            // counter as it stands, as the memory store does.
+            decisions = sluice_core::unconsumed(checks, decisions);
+        }
+        Ok(decisions)
+    }
+
+    /// Decides `checks` (on `keys`), one check script per slot, and commits them when every
+    /// check admits; gives back what the slots that admitted consumed when not. Returns what
+    /// `pick` makes of each check's reply, in order, and whether every check admitted.
+    async fn decide_groups<T>(
+        &self,
+        checks: &[Check<'_>],
+        keys: &[String],
+        now: Timestamp,
+        offset: i64,
+        pick: impl Fn(Reply) -> T,
+    ) -> StoreResult<(Vec<T>, bool)> {
+        let groups = self.groups(keys);
         let mut calls: Vec<(Cow<'_, [String]>, Vec<String>)> = Vec::with_capacity(groups.len());
         for group in &groups {
             let args = self.script_args(checks, group, "1", now, offset, None)?;
             // One group of every key in order (always, off a Cluster) takes them as they are.
             let group_keys = if group.len() == keys.len() {
-                Cow::Borrowed(keys.as_slice())
+                Cow::Borrowed(keys)
             } else {
                 Cow::Owned(group.iter().map(|&i| keys[i].clone()).collect())
             };
@@ -402,7 +426,7 @@ impl RedisStore {
                     .is_some_and(|r| r.iter().all(|r| r.decision.allowed))
             });
         if !all_allowed && groups.len() > 1 {
-            self.refund(checks, &keys, &groups, &per_group, now, offset)
+            self.refund_slots(checks, keys, &groups, &per_group, now, offset)
                 .await;
         }
         if let Some(e) = first_error {
@@ -415,30 +439,26 @@ impl RedisStore {
         if let Some(e) = decode_error {
             return Err(e);
         }
-        let mut decisions = vec![None; checks.len()];
+        let mut picked: Vec<Option<T>> =
+            std::iter::repeat_with(|| None).take(checks.len()).collect();
         for (group, replies) in groups.iter().zip(per_group) {
             for (&i, r) in group.iter().zip(replies.unwrap_or_default()) {
-                decisions[i] = Some(r.decision);
+                picked[i] = Some(pick(r));
             }
         }
-        let mut decisions = decisions
+        let picked = picked
             .into_iter()
             .map(|d| {
                 d.ok_or_else(|| {
                     StoreError::Rejected("the check script left a check undecided".to_owned())
                 })
             })
-            .collect::<StoreResult<Vec<Decision>>>()?;
-        if !all_allowed {
-            // The request consumed nothing, so a check that would have admitted reports its
-            // counter as it stands, as the memory store does.
-            decisions = sluice_core::unconsumed(checks, decisions);
-        }
-        Ok(decisions)
+            .collect::<StoreResult<Vec<T>>>()?;
+        Ok((picked, all_allowed))
     }
 
     /// Gives back what the slots that admitted reserved, when another slot refused or failed.
-    async fn refund(
+    async fn refund_slots(
         &self,
         checks: &[Check<'_>],
         keys: &[String],
@@ -536,6 +556,18 @@ impl Store for RedisStore {
 
     async fn reset(&self, key: &str) -> StoreResult<bool> {
         self.remove(key).await
+    }
+
+    async fn reserve(&self, checks: &[Check<'_>], lease: Lease<'_>) -> StoreResult<Vec<Decision>> {
+        self.reserve_all(checks, lease).await
+    }
+
+    async fn settle(&self, id: &ReservationId, used: u64) -> StoreResult<Settlement> {
+        self.settle_one(id, used).await
+    }
+
+    async fn refund(&self, refunds: &[Refund<'_>]) -> StoreResult<Vec<Decision>> {
+        self.refund_now(refunds).await
     }
 
     /// See [`crate::supports`]: every Redis store holds the same policies.

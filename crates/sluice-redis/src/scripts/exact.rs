@@ -7,7 +7,7 @@ use std::time::Duration;
 use sluice_core::{Magnitude, Policy, Rate};
 
 /// The largest integer Lua (doubles) holds exactly: every number a script sees stays below it.
-pub(super) const EXACT: u64 = 1 << 53;
+pub(crate) const EXACT: u64 = 1 << 53;
 
 /// The longest fixed window the script holds exactly: 2⁵⁵ ns, about 417 days, for windows that
 /// are whole microseconds (see [`exact_long_window`]). The script's numbers reach the window

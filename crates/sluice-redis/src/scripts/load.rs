@@ -18,8 +18,8 @@
 //! - `--#dispatch <var>=<suffix> ...`: an `if alg == CODE then` chain that sets each `var` to the
 //!   algorithm's function `<name><suffix>`.
 //!
-//! A section runs from its `--#section <name>` line to the next; `check.lua` states what each
-//! holds. A store section is optional: without one, the state is a string, which
+//! A section runs from its `--#section <name>` line to the next; `check.lua` states what the
+//! `helpers`, `check` and `store` sections hold, and `refund.lua` the `refund` and `charge` ones. A store section is optional: without one, the state is a string, which
 //! `set_value.lua` stores.
 
 use sluice_core::algorithm::ALGORITHMS;
@@ -28,11 +28,16 @@ use super::algorithm;
 
 /// The files that scripts include, by name: each `--#include <name>` line of a script is
 /// replaced by the file's text.
-const PARTS: [(&str, &str); 4] = [
+const PARTS: [(&str, &str); 6] = [
     ("clock.lua", include_str!("lua/clock.lua")),
     ("mul_div.lua", include_str!("lua/mul_div.lua")),
     ("helpers.lua", include_str!("lua/helpers.lua")),
     ("set_value.lua", include_str!("lua/set_value.lua")),
+    ("decide_checks.lua", include_str!("lua/decide_checks.lua")),
+    (
+        "write_reservation.lua",
+        include_str!("lua/write_reservation.lua"),
+    ),
 ];
 
 /// Every file of `lua/algorithm/`, by its stem (the algorithm's name): listed by `build.rs`.
@@ -229,12 +234,14 @@ mod tests {
                 "{}.lua has a check section",
                 spec.name
             );
-            let refund = format!("{}_refund", spec.name);
-            assert!(
-                assigned(section(file, "refund")).any(|f| f == refund),
-                "{}.lua assigns {refund} in its refund section",
-                spec.name
-            );
+            for kind in ["refund", "charge"] {
+                let function = format!("{}_{kind}", spec.name);
+                assert!(
+                    assigned(section(file, kind)).any(|f| f == function),
+                    "{}.lua assigns {function} in its {kind} section",
+                    spec.name
+                );
+            }
         }
         for (stem, _) in ALGORITHM_FILES {
             assert!(

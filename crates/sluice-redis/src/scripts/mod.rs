@@ -1,12 +1,14 @@
 //! The Lua scripts that decide and update counters inside Redis, one call per Cluster slot.
 //!
 //! Each script is a `.lua` file in `lua/`, assembled once into a named static ([`CHECK`],
-//! [`REFUND`]) and called by `EVALSHA`, loaded again transparently on `NOSCRIPT` (see
+//! [`REFUND`], and for reservations [`RESERVE`], [`RECORD`] and [`CLAIM`]) and called by `EVALSHA`, loaded again transparently on `NOSCRIPT` (see
 //! `connection.rs`). Assembly (`load.rs`) puts a prelude in front that names the algorithm codes
 //! (`algorithm.rs`, from the algorithm table of `sluice-core`), replaces each `--#include <file>`
 //! line with a part the scripts share: the reading of the time (`clock.lua`), exact `a · b / c`
 //! (`mul_div.lua`), and the helpers that convert between the stored and the computed forms of
-//! timestamps (`helpers.lua`), and puts in each algorithm's own Lua from its file in
+//! timestamps (`helpers.lua`), the check script's body, which the reserve script runs too
+//! (`decide_checks.lua`), and the writing of a reservation's record (`write_reservation.lua`),
+//! and puts in each algorithm's own Lua from its file in
 //! `lua/algorithm/` (one per algorithm, named as in the table, listed by `build.rs`).
 //!
 //! ## Cost per call
@@ -59,7 +61,7 @@
 //!
 //! ## Layout of the arguments
 //!
-//! Both scripts take the same arguments:
+//! The check and refund scripts take the same arguments (the reserve script adds its record):
 //!
 //! - `KEYS[i]`: the counter key of check `i` (`prefix:{identity}`, or `prefix:{tag}rest`; see
 //!   `keys.rs`). A key may appear more than once; its later checks see what the earlier ones
@@ -82,6 +84,9 @@
 //! list: a header holding the total of its units, then one `"<nanos> <units>"` entry per
 //! distinct arrival time, oldest first. Every write sets the key's TTL to when the counter is
 //! full again, plus a second, so that idle counters vanish.
+//!
+//! A reservation's record is a list of its own, `prefix:reservation:{id}` (see [`RESERVE`] and
+//! `store/reservations.rs`), which lives twice the reservation's ttl plus a second.
 
 pub(crate) mod algorithm;
 pub(crate) mod args;
@@ -111,18 +116,62 @@ pub use load::Script;
 pub(crate) static CHECK: LazyLock<Script> =
     LazyLock::new(|| Script::assemble(include_str!("lua/check.lua")));
 
-/// Gives back what [`CHECK`] consumed on one slot, when another slot of the same request
-/// refused it. Each check is undone in reverse order, as far as the counter still holds it: a
-/// window that has ended, or a log entry that has expired, has nothing left to give back.
+/// Gives units back to counters of one slot, or charges them more: what [`CHECK`] consumed when
+/// another slot of the same request refused it, what a settled reservation did not use or used
+/// beyond what it reserved, and what `Store::refund` gives back. Each check is adjusted in
+/// reverse order. A refund gives back as far as the counter still holds what was taken: a window
+/// that has ended, or a log entry that has expired, has nothing left to give back; a charge takes
+/// the units at now whatever the counter holds, past its limit.
 ///
 /// - `KEYS[i]`: the counter key of check `i`.
 /// - `ARGV[1]`: the time offset in nanoseconds (0 in production).
-/// - `ARGV[2]`: unused.
-/// - `ARGV[3 + 7(i-1)]..`: check `i` as for [`CHECK`], with the token [`CHECK`] returned for it.
+/// - `ARGV[2]`: which checks to charge: check `i` is charged when the `i`-th character is `c`,
+///   and given back otherwise (so `0` gives every check back).
+/// - `ARGV[3 + 7(i-1)]..`: check `i` as for [`CHECK`], its cost the units to give back or charge,
+///   with the token [`CHECK`] returned for it, or an empty one for the window that holds now.
 ///
-/// Returns the number of checks given back.
+/// Returns the number of checks adjusted.
 pub(crate) static REFUND: LazyLock<Script> =
     LazyLock::new(|| Script::assemble(include_str!("lua/refund.lua")));
+
+/// Decides a request's checks as [`CHECK`] does and, when every check admits, commits them and
+/// records the reservation under its own key, in one atomic call: a record exists exactly when
+/// its checks consumed. Off a Cluster only: on one, the record's key is in a slot of its own,
+/// and [`RECORD`] writes it after the checks.
+///
+/// - `KEYS[1..n]`: the counter keys of the checks; `KEYS[n + 1]`: the record's key.
+/// - `ARGV[1]`..`ARGV[2 + 7n]`: as for [`CHECK`], committing (`ARGV[2]` is `1`).
+/// - `ARGV[3 + 7n]`: the reservation's ttl in nanoseconds.
+///
+/// Returns [`CHECK`]'s reply, or an error when a record of the id exists already (then nothing
+/// is decided or consumed). The record is a list: `open`, the time the ttl ends (absolute ns
+/// of Redis time plus the offset), then eight items per check: counter key, algorithm code, cost,
+/// `p1..p4` and refund token (empty for none). It lives twice the ttl, plus a second.
+pub(crate) static RESERVE: LazyLock<Script> =
+    LazyLock::new(|| Script::assemble(include_str!("lua/reserve.lua")));
+
+/// Records a reservation whose checks [`CHECK`] committed, on a Cluster, as [`RESERVE`] does.
+///
+/// - `KEYS[1]`: the record's key.
+/// - `ARGV[1]`: the time offset in nanoseconds (0 in production).
+/// - `ARGV[2]`: the reservation's ttl in nanoseconds.
+/// - `ARGV[3..]`: eight items per check, as the record holds them.
+///
+/// Returns 1, or an error when a record of the id exists already.
+pub(crate) static RECORD: LazyLock<Script> =
+    LazyLock::new(|| Script::assemble(include_str!("lua/record.lua")));
+
+/// Claims a reservation for its settle: marks its record settled, atomically, so that of
+/// concurrent settles from any instances only one goes on to adjust the counters.
+///
+/// - `KEYS[1]`: the record's key.
+/// - `ARGV[1]`: the time offset in nanoseconds (0 in production).
+///
+/// Returns `unknown` (no record), `settled` (claimed before), `expired` (its ttl has ended;
+/// nothing changes), or, having claimed it, the record's items after its header: eight per
+/// check, as [`RESERVE`] wrote them.
+pub(crate) static CLAIM: LazyLock<Script> =
+    LazyLock::new(|| Script::assemble(include_str!("lua/claim.lua")));
 
 /// The registry of live instances under a prefix (the hybrid store splits what a limit has left
 /// among them): records an instance as alive and returns how many are; see `lua/heartbeat.lua`

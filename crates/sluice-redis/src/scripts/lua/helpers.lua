@@ -31,6 +31,13 @@ local function int(x)
   return string.format('%d', x)
 end
 
+-- x, at most 2^53 - 1, the largest integer a double holds exactly: where a charge saturates a
+-- count or a time ahead of now, rather than let it pass what the scripts compute exactly.
+local function exact(x)
+  if x > 9007199254740991 then return 9007199254740991 end
+  return x
+end
+
 -- A stored timestamp (decimal nanoseconds since the epoch) as ns relative to S.
 local function rel(abs)
   if abs == nil or abs == false or abs == '' then return nil end

@@ -97,10 +97,12 @@ if allowed == 1 and cost > 0 then
 end
 
 --#section refund
--- The units go back to the bucket the check counted in, if the window still holds it.
+-- The units go back to the bucket the check counted in (the token, its start), if the window
+-- still holds it; an empty token names the bucket that holds now.
 bucketed_window_refund = function(key, raw, cost, limit, b, p3, p4, token)
   local code, at, rest = string.match(raw, '^(%d+) (%d+)(.*)$')
   if code ~= BUCKETED_WINDOW then return nil end
+  if token == '' then token = absolute(grid_start(rel(p4), b)) end
   local start = rel(at)
   local counts = {}
   for c in string.gmatch(rest, '%d+') do counts[#counts + 1] = tonumber(c) end
@@ -118,4 +120,34 @@ bucketed_window_refund = function(key, raw, cost, limit, b, p3, p4, token)
   local parts = {BUCKETED_WINDOW, absolute(start)}
   for j = 1, keep do parts[#parts + 1] = int(counts[j]) end
   return table.concat(parts, ' ')
+end
+
+--#section charge
+-- The units count in the bucket that holds now, the ring shifted to it as the check shifts it,
+-- past the limit if need be: requests are refused until enough buckets leave the window.
+bucketed_window_charge = function(key, raw, cost, limit, b, n, p4)
+  local cur = grid_start(rel(p4), b)
+  local stored, shift = {}, n
+  local code, at, rest = string.match(raw, '^(%d+) (%d+)(.*)$')
+  if code == BUCKETED_WINDOW and #at > 9 then
+    local start = rel(at)
+    for c in string.gmatch(rest, '%d+') do stored[#stored + 1] = tonumber(c) end
+    if cur <= start then
+      cur, shift = start, 0
+    else
+      shift = floor_div(cur - start, b)
+      if shift > n then shift = n end
+    end
+  end
+  local parts = {BUCKETED_WINDOW, absolute(cur)}
+  local keep = 1
+  for j = 1, n do
+    local c = 0
+    if j > shift then c = stored[j - shift] or 0 end
+    if j == 1 then c = exact(c + cost) end
+    parts[j + 2] = int(c)
+    if c > 0 then keep = j end
+  end
+  for j = #parts, keep + 3, -1 do parts[j] = nil end
+  return table.concat(parts, ' '), sat(cur + n * b - now)
 end

@@ -55,11 +55,33 @@ if allowed == 1 and cost > 0 then
 end
 
 --#section refund
--- The units go back to the window the check counted in, if it is still the stored one.
+-- The units go back to the window the check counted in (the token, its start), if it is still
+-- the stored one; an empty token names the window that holds now.
 fixed_window_refund = function(key, raw, cost, limit, w, p3, p4, token)
   local code, at, c = string.match(raw, '^(%d+) (%d+) (%d+)$')
   if code ~= FIXED_WINDOW then return nil end
-  local start = absolute(rel(at))
-  if start ~= token then return nil end
-  return FIXED_WINDOW .. ' ' .. start .. ' ' .. int(sat(tonumber(c) - cost))
+  local start = rel(at)
+  if token == '' then
+    if now < start or now >= start + w then return nil end
+  elseif absolute(start) ~= token then
+    return nil
+  end
+  return FIXED_WINDOW .. ' ' .. absolute(start) .. ' ' .. int(sat(tonumber(c) - cost))
+end
+
+--#section charge
+-- The units count in the window that holds now, found as the check finds it (a new one when the
+-- stored one has ended), past the limit if need be: requests are refused until it ends.
+fixed_window_charge = function(key, raw, cost, limit, w, p3, p4)
+  local start
+  if p3 == 1 then start = grid_start(rel(p4), w) end
+  local vstart, count
+  local code, at, c = string.match(raw, '^(%d+) (%d+) (%d+)$')
+  if code == FIXED_WINDOW and #at > 9 then vstart, count = rel(at), tonumber(c) end
+  if start == nil then
+    if vstart ~= nil and now < vstart + w then start = vstart else start = now end
+  end
+  if vstart ~= nil and start <= vstart and count > 0 then start = vstart else count = 0 end
+  count = exact(count + cost)
+  return FIXED_WINDOW .. ' ' .. absolute(start) .. ' ' .. int(count), sat(start + w - now)
 end

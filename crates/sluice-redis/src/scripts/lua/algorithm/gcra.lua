@@ -43,9 +43,23 @@ end
 reset = backlog
 
 --#section refund
--- The arrival time moves back by the cost's share of the interval.
+-- The arrival time moves back by the cost's share of the interval, never before now: a meter
+-- with no backlog has nothing to give back. The token plays no part.
 gcra_refund = function(key, raw, cost, burst, interval, p3, p4, token)
   local code, at = string.match(raw, '^(%d+) (%d+)$')
-  if code ~= GCRA then return nil end
-  return GCRA .. ' ' .. after_now(since_now(at) - cost * interval)
+  if code ~= GCRA or #at <= 9 then return nil end
+  local backlog = since_now(at)
+  if backlog <= 0 then return nil end
+  return GCRA .. ' ' .. after_now(sat(backlog - cost * interval))
+end
+
+--#section charge
+-- The arrival time moves on by the cost's share of the interval from now or the backlog's end,
+-- past the burst if need be: requests are refused until the backlog drains below it again.
+gcra_charge = function(key, raw, cost, burst, interval, p3, p4)
+  local backlog = 0
+  local code, at = string.match(raw, '^(%d+) (%d+)$')
+  if code == GCRA and #at > 9 then backlog = sat(since_now(at)) end
+  backlog = exact(backlog + cost * interval)
+  return GCRA .. ' ' .. after_now(backlog), backlog
 end

@@ -53,9 +53,23 @@ end
 reset = backlog
 
 --#section refund
--- The next free slot moves back by the cost's share of the interval.
+-- The next free slot moves back by the cost's share of the interval, never before now: an
+-- empty queue has nothing to give back. The token plays no part.
 leaky_queue_refund = function(key, raw, cost, cap, interval, p3, p4, token)
   local code, at = string.match(raw, '^(%d+) (%d+)$')
-  if code ~= LEAKY_QUEUE then return nil end
-  return LEAKY_QUEUE .. ' ' .. after_now(since_now(at) - cost * interval)
+  if code ~= LEAKY_QUEUE or #at <= 9 then return nil end
+  local backlog = since_now(at)
+  if backlog <= 0 then return nil end
+  return LEAKY_QUEUE .. ' ' .. after_now(sat(backlog - cost * interval))
+end
+
+--#section charge
+-- The next free slot moves on by the cost's share of the interval from now or the queue's end,
+-- past the queue's capacity if need be: requests are refused until it drains.
+leaky_queue_charge = function(key, raw, cost, cap, interval, p3, p4)
+  local backlog = 0
+  local code, at = string.match(raw, '^(%d+) (%d+)$')
+  if code == LEAKY_QUEUE and #at > 9 then backlog = sat(since_now(at)) end
+  backlog = exact(backlog + cost * interval)
+  return LEAKY_QUEUE .. ' ' .. after_now(backlog), backlog
 end

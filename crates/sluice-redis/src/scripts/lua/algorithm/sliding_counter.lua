@@ -92,11 +92,13 @@ if allowed == 1 and cost > 0 then
 end
 
 --#section refund
--- The units go back to the window the check counted in: the stored current window, or the
--- previous one when the counter has moved on since.
+-- The units go back to the window the check counted in (the token, its start): the stored
+-- current window, or the previous one when the counter has moved on since, which still weighs.
+-- An empty token names the window that holds now.
 sliding_counter_refund = function(key, raw, cost, limit, w, p3, p4, token)
   local code, at, c, p = string.match(raw, '^(%d+) (%d+) (%d+) (%d+)$')
   if code ~= SLIDING_COUNTER then return nil end
+  if token == '' then token = absolute(grid_start(rel(p4), w)) end
   local start = rel(at)
   local current, previous = tonumber(c), tonumber(p)
   if absolute(start) == token then
@@ -107,4 +109,27 @@ sliding_counter_refund = function(key, raw, cost, limit, w, p3, p4, token)
     return nil
   end
   return SLIDING_COUNTER .. ' ' .. absolute(start) .. ' ' .. int(current) .. ' ' .. int(previous)
+end
+
+--#section charge
+-- The units count in the window that holds now, rolled to as the check rolls, past the limit if
+-- need be: requests are refused until its weight has drained.
+sliding_counter_charge = function(key, raw, cost, limit, w, p3, p4)
+  local start = grid_start(rel(p4), w)
+  local current, previous = 0, 0
+  local code, at, c, p = string.match(raw, '^(%d+) (%d+) (%d+) (%d+)$')
+  if code == SLIDING_COUNTER and #at > 9 then
+    local vstart = rel(at)
+    if start <= vstart then
+      start, current, previous = vstart, tonumber(c), tonumber(p)
+    elseif start - vstart == w then
+      previous = tonumber(c)
+    end
+  end
+  current = exact(current + cost)
+  local elapsed = now - start
+  if elapsed < 0 then elapsed = 0 end
+  if elapsed > w - 1 then elapsed = w - 1 end
+  return SLIDING_COUNTER .. ' ' .. absolute(start) .. ' ' .. int(current) .. ' ' .. int(previous),
+    2 * w - elapsed
 end

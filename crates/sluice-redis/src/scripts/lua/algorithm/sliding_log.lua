@@ -153,30 +153,68 @@ if m > 0 then ms = ms + 1 end
 redis.call('PEXPIRE', key, ms .. '')
 
 --#section refund
--- The units come off the entry the check added to, found from the newest back, and off the
--- header's total. Returns true when it gave them back (it writes the list itself).
+-- The units come off the newest entries recorded at or before the check's (the token, its
+-- entry's time; an empty token means now) that the window still holds, newest first, and off
+-- the header's total; expired entries give nothing back. Returns true when it gave any back (it
+-- writes the list itself).
 sliding_log_refund = function(key, raw, cost, limit, w, p3, p4, token)
   local len = redis.pcall('LLEN', key)
-  if type(len) ~= 'number' then return nil end
-  local idx = len - 1
-  while idx >= 1 do
+  if type(len) ~= 'number' or len < 2 then return nil end
+  local upto = now
+  if token ~= '' then upto = rel(token) end
+  local left, emptied = cost, false
+  for idx = -1, 1 - len, -1 do
+    if left <= 0 then break end
     local e = redis.call('LINDEX', key, idx)
-    local sp = string.find(e, ' ', 1, true)
-    local at = string.sub(e, 1, sp - 1)
-    if at == token then
-      local units = tonumber(string.sub(e, sp + 1)) - cost
-      if units > 0 then
-        redis.call('LSET', key, idx, at .. ' ' .. int(units))
-      else
-        redis.call('LSET', key, idx, '-')
-        redis.call('LREM', key, 1, '-')
+    local at, units = string.match(e, '^(%d+) (%d+)$')
+    if at ~= nil then
+      local t = rel(at)
+      if t + w <= now then break end
+      if t <= upto then
+        units = tonumber(units)
+        if units > left then
+          redis.call('LSET', key, idx, at .. ' ' .. int(units - left))
+          left = 0
+        else
+          redis.call('LSET', key, idx, '-')
+          left, emptied = left - units, true
+        end
       end
-      local total = sat((tonumber(redis.call('LINDEX', key, 0)) or 0) - cost)
-      redis.call('LSET', key, 0, int(total))
-      return true
     end
-    if rel(at) < rel(token) then return nil end
-    idx = idx - 1
   end
-  return nil
+  if left == cost then return nil end
+  if emptied then redis.call('LREM', key, 0, '-') end
+  local total = sat((tonumber(redis.call('LINDEX', key, 0)) or 0) - (cost - left))
+  redis.call('LSET', key, 0, int(total))
+  return true
+end
+
+--#section charge
+-- The units are recorded at now, past the limit if need be (at the newest entry when that is
+-- not older, as the check records requests at one instant): requests are refused until enough
+-- of the log expires. Returns true: it writes the list itself, with the TTL a check's write
+-- would set.
+sliding_log_charge = function(key, raw, cost, limit, w, p3, p4)
+  local len = redis.pcall('LLEN', key)
+  if type(len) ~= 'number' then
+    redis.call('DEL', key)
+    len = 0
+  end
+  local at, units
+  if len > 1 then
+    at, units = string.match(redis.call('LINDEX', key, -1), '^(%d+) (%d+)$')
+  end
+  if len == 0 then
+    redis.call('RPUSH', key, int(cost), after_now(0) .. ' ' .. int(cost))
+  else
+    local total = exact((tonumber(redis.call('LINDEX', key, 0)) or 0) + cost)
+    redis.call('LSET', key, 0, int(total))
+    if at ~= nil and rel(at) >= now then
+      redis.call('LSET', key, -1, at .. ' ' .. int(exact(tonumber(units) + cost)))
+    else
+      redis.call('RPUSH', key, after_now(0) .. ' ' .. int(cost))
+    end
+  end
+  redis.call('PEXPIRE', key, int(ceil_div(w, 1000000) + 1000))
+  return true
 end

@@ -47,7 +47,8 @@ end
 remaining = tokens
 
 --#section refund
--- The units go back into the bucket, brought up to now first, never past its capacity.
+-- The units go back into the bucket, brought up to now first, never past its capacity. The token
+-- plays no part.
 token_bucket_refund = function(key, raw, cost, cap, amount, per, p4, token)
   local code, t, at = string.match(raw, '^(%d+) (%d+) (%d+)$')
   if code ~= TOKEN_BUCKET then return nil end
@@ -61,4 +62,32 @@ token_bucket_refund = function(key, raw, cost, cap, amount, per, p4, token)
     tokens = tokens + cost
   end
   return TOKEN_BUCKET .. ' ' .. int(tokens) .. ' ' .. absolute(last)
+end
+
+--#section charge
+-- The bucket, brought up to now as the check does, gives the units it holds; what it lacks is a
+-- debt that its refill pays before it earns a token again: `last` moves on by the debt's refill
+-- time, from now or from the debt before, and requests are refused until then.
+token_bucket_charge = function(key, raw, cost, cap, amount, per, p4)
+  local rate = math.max(amount, 1)
+  local tokens, last = cap, now
+  local code, t, at = string.match(raw, '^(%d+) (%d+) (%d+)$')
+  if code == TOKEN_BUCKET and #at > 9 then tokens, last = tonumber(t), rel(at) end
+  local earned = mul_div(sat(now - last), amount, per, false)
+  if tokens + earned >= cap then
+    tokens, last = cap, now
+  else
+    tokens = tokens + earned
+    last = last + mul_div(earned, per, rate, true)
+  end
+  if tokens >= cost then
+    tokens = tokens - cost
+  else
+    local debt = cost - tokens
+    tokens = 0
+    if last < now then last = now end
+    last = now + exact(last - now + mul_div(debt, per, rate, true))
+  end
+  local reset = exact(sat(last + mul_div(cap - tokens, per, rate, true) - now))
+  return TOKEN_BUCKET .. ' ' .. int(tokens) .. ' ' .. absolute(last), reset
 end
