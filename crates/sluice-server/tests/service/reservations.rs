@@ -18,7 +18,7 @@ fn reserve(tenant: &str, amount: Value) -> Value {
 /// What the `tokens` limit of `tenant` has left, by a check that consumes nothing.
 async fn remaining(h: &Harness, tenant: &str) -> u64 {
     let mut body = json_one("tokens", tenant);
-    body["cost"] = json!(0);
+    body["descriptors"][0]["cost"] = json!(0);
     let (_, r, _) = h.post("/v1/check", &body).await;
     r["descriptors"][0]["limits"][0]["remaining"]
         .as_u64()
