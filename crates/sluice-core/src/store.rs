@@ -176,7 +176,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<Vec<Decision>>> + Send {
         let _ = (checks, lease);
         std::future::ready(Err(StoreError::Rejected(
-            "this store does not hold reservations".to_owned(),
+            "this store does not hold reservations: usage limits need the memory or a Redis store"
+                .to_owned(),
         )))
     }
 
@@ -190,7 +191,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<Settlement>> + Send {
         let _ = (id, used);
         std::future::ready(Err(StoreError::Rejected(
-            "this store does not hold reservations".to_owned(),
+            "this store does not hold reservations: usage limits need the memory or a Redis store"
+                .to_owned(),
         )))
     }
 

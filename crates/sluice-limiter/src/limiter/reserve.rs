@@ -62,6 +62,10 @@ pub enum InvalidReservation {
     /// The ttl is zero.
     #[error("`ttl` is 0; a reservation must hold for some time")]
     ZeroTtl,
+    /// The store cannot hold reservations, or refused this one for good: retrying will not
+    /// help, and no rule's `on_store_error` should pretend it was made.
+    #[error("{0}")]
+    Unsupported(String),
     /// The ttl is above the maximum.
     #[error("`ttl` is {got:?}, above the maximum of {max:?} (`--max-reservation-ttl`)")]
     TtlTooLong {
@@ -133,6 +137,9 @@ impl Limiter {
             .collect();
         let (held, store_failed) = match self.store.reserve(&batch, Lease { id: &id, ttl }).await {
             Ok(decisions) => (decisions, false),
+            Err(e) if !e.is_transient() => {
+                return Err(InvalidReservation::Unsupported(e.to_string()));
+            }
             Err(e) => {
                 let on_error = |k: usize| plan.checks[enforced[k]].rule.on_store_error;
                 (self.without_store(&batch, on_error, &e).await, true)

@@ -48,6 +48,9 @@ pub(super) async fn reserve(state: &ApiState, body: impl ApiBody) -> Result<Resp
         .await
         .map_err(|e| {
             let field = match &e {
+                InvalidReservation::Unsupported(why) => {
+                    return Problem::new(StatusCode::NOT_IMPLEMENTED, why.clone());
+                }
                 InvalidReservation::Request(_) => None,
                 InvalidReservation::ZeroAmount | InvalidReservation::AmountTooLarge(_) => {
                     Some("amount")
@@ -103,10 +106,14 @@ pub(super) async fn settle(state: &ApiState, body: impl ApiBody) -> Result<Respo
         return Err(unknown(&reservation));
     };
     let settled = state.limiter.settle(&id, used).await.map_err(|e| {
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the store failed; the reservation is unchanged, retry the settle: {e}"),
-        )
+        if e.is_transient() {
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the store failed; retry the settle: {e}"),
+            )
+        } else {
+            Problem::new(StatusCode::NOT_IMPLEMENTED, e.to_string())
+        }
     })?;
     match settled {
         Settlement::Settled {
