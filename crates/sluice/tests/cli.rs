@@ -419,16 +419,52 @@ fn bench_help_shows_the_key_placeholder_in_place() {
             .unwrap();
         assert!(out.status.success());
         let help = String::from_utf8(out.stdout).unwrap();
-        // Shown as `{n}` (with an invisible word joiner), not broken across lines.
-        assert!(
-            help.contains("`{\u{2060}n}` becomes the key number"),
-            "{help}"
-        );
-        assert!(
-            help.contains("How many key numbers `{\u{2060}n}` cycles"),
-            "{help}"
-        );
+        // Shown as `{n}`, exactly what a URL must hold, not broken across lines.
+        assert!(help.contains("`{n}` becomes the key number"), "{help}");
+        assert!(help.contains("How many key numbers `{n}` cycles"), "{help}");
         assert!(!help.contains("; `\n"), "{help}");
+    }
+}
+
+/// Characters a reader cannot see but a copy carries along: zero-width ones, joiners, the soft
+/// hyphen, bidirectional controls, the byte-order mark, and spaces that are not spaces.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00A0}' | '\u{00AD}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202F}'
+        | '\u{2060}'..='\u{206F}' | '\u{FEFF}')
+        || (c.is_control() && c != '\n')
+}
+
+/// Every command's help, short and long, holds only characters a reader sees, so whatever is
+/// copied from it is what it shows.
+#[test]
+fn no_help_text_holds_an_invisible_character() {
+    let commands: [&[&str]; 9] = [
+        &[],
+        &["serve"],
+        &["proxy"],
+        &["bench"],
+        &["bench", "http"],
+        &["bench", "grpc"],
+        &["bench", "upstream"],
+        &["simulate"],
+        &["validate"],
+    ];
+    for command in commands {
+        for flag in ["-h", "--help"] {
+            let out = sluice().args(command).arg(flag).output().unwrap();
+            let help = String::from_utf8(out.stdout).unwrap();
+            assert!(!help.is_empty(), "{command:?} {flag}");
+            for (n, line) in help.lines().enumerate() {
+                if let Some(c) = line.chars().find(|&c| invisible(c)) {
+                    panic!(
+                        "{command:?} {flag}, line {}: U+{:04X} in {line:?}",
+                        n + 1,
+                        c as u32
+                    );
+                }
+            }
+        }
     }
 }
 
