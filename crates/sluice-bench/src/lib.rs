@@ -242,8 +242,8 @@ async fn worker<S: Sender>(mut sender: S, plan: Arc<Plan>, w: usize) -> report::
     tally
 }
 
-/// The placeholder as `--help` shows it: `{n}` with an invisible word joiner (U+2060) after the
-/// brace.
+/// The placeholder as `--help` of sluice 0.1 showed it: `{n}` with an invisible word joiner
+/// (U+2060) after the brace, which a copy from that help carries along.
 const SHOWN_PLACEHOLDER: &str = "{\u{2060}n}";
 
 /// A text with `{n}` placeholders, rendered per key number.
@@ -255,8 +255,7 @@ pub struct Template {
 
 impl Template {
     /// Parses `text`; every `{n}` is a placeholder. So is `{n}` with a word joiner after the
-    /// brace, as `--help` shows it (clap would read a plain `{n}` as a line break), so that a
-    /// placeholder copied from the help works too.
+    /// brace, as an older `--help` showed it, so that a placeholder copied from there works too.
     pub fn new(text: &str) -> Self {
         Template {
             pieces: text
@@ -303,7 +302,7 @@ mod tests {
         let fixed = Template::new("/healthz");
         assert!(!fixed.varies());
         assert_eq!(fixed.render(7), "/healthz");
-        // The placeholder as --help shows it, copied from there.
+        // The placeholder as an older --help showed it, copied from there.
         let copied = Template::new("user=u{\u{2060}n}");
         assert_eq!(copied.render(5), "user=u5");
     }

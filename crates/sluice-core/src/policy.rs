@@ -255,7 +255,9 @@ impl Policy {
         }
     }
 
-    /// The limit advertised to clients (`RateLimit-Policy: q=`).
+    /// The limit advertised to clients (`RateLimit-Policy: q=`): a window's limit, or the most a
+    /// rate admits at once (a bucket's capacity, GCRA's burst, the queue's one released plus
+    /// those waiting).
     pub fn limit(&self) -> u64 {
         match self {
             Policy::TokenBucket(p) => p.capacity(),
@@ -268,18 +270,120 @@ impl Policy {
         }
     }
 
-    /// The window the limit is measured over (`RateLimit-Policy: w=`): the window itself, or the
-    /// period of the rate.
+    /// The window [`limit`](Self::limit) is advertised over (`RateLimit-Policy: w=`): a
+    /// window's own length; for a rate, the time it takes to grant the whole limit again (a
+    /// bucket of 40 refilling at 20 per second: 2 s). "40 per 2 s" is then the rate itself, so
+    /// a client that paces itself by `q` over `w` never outruns the limit, and `q` is still the
+    /// most it may send at once; "40 per second", the period of the rate, would double it.
+    /// A rate of nothing (a limit that blocks outright) keeps its period.
     pub fn window(&self) -> Duration {
         match self {
-            Policy::TokenBucket(p) => p.rate().per(),
-            Policy::Gcra(p) => p.rate().per(),
-            Policy::LeakyQueue(p) => p.rate().per(),
             Policy::FixedWindow(p) => p.window(),
             Policy::SlidingLog(p) => p.window(),
             Policy::SlidingCounter(p) => p.window(),
             Policy::BucketedWindow(p) => p.window(),
+            Policy::TokenBucket(_) | Policy::Gcra(_) | Policy::LeakyQueue(_) => {
+                let rate = self.rate().unwrap_or(Rate::per_second(0));
+                if rate.amount() == 0 {
+                    return rate.per();
+                }
+                let nanos = u128::from(self.limit()) * u128::from(rate.per_nanos())
+                    / u128::from(rate.amount());
+                Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+            }
         }
+    }
+
+    /// The limit as Envoy's `requests_per_unit` and `unit` read it: a rate's amount per its
+    /// period (20 per second for a bucket of 40 refilling at 20 a second), a window's limit per
+    /// its length. Envoy's message has no place for a burst, and its own headers compute a
+    /// rate from these two numbers, so they must be the rate.
+    pub fn requests_per(&self) -> (u64, Duration) {
+        match self.rate() {
+            Some(rate) => (rate.amount(), rate.per()),
+            None => (self.limit(), self.window()),
+        }
+    }
+
+    /// The rate of an algorithm that admits at a rate (the token bucket, GCRA, the leaky queue),
+    /// as its rule gave it; `None` for a window, whose limit and window say it all.
+    pub fn rate(&self) -> Option<Rate> {
+        match self {
+            Policy::TokenBucket(p) => Some(p.rate()),
+            Policy::Gcra(p) => Some(p.rate()),
+            Policy::LeakyQueue(p) => Some(p.rate()),
+            Policy::FixedWindow(_)
+            | Policy::SlidingLog(_)
+            | Policy::SlidingCounter(_)
+            | Policy::BucketedWindow(_) => None,
+        }
+    }
+}
+
+/// The limit as a person reads it, with the rule's own numbers: `60 per minute`, `5 per 30s`,
+/// `20 per second, burst 40`, `5 per minute, queue 5 (6 at once)`. A rate and its burst are
+/// two numbers; folding them into one ("40 per second") tells the reader a limit that is not
+/// there. Every place that shows a limit to a person (the dashboard, the rules listing,
+/// `sluice simulate`) shows this.
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::TokenBucket(p) => write!(f, "{}, burst {}", p.rate(), p.capacity()),
+            Policy::Gcra(p) => write!(f, "{}, burst {}", p.rate(), p.burst()),
+            Policy::LeakyQueue(p) => write!(
+                f,
+                "{}, queue {} ({} at once)",
+                p.rate(),
+                p.queue_size(),
+                p.capacity()
+            ),
+            Policy::FixedWindow(_)
+            | Policy::SlidingLog(_)
+            | Policy::SlidingCounter(_)
+            | Policy::BucketedWindow(_) => {
+                write!(f, "{} per {}", self.limit(), Period(self.window()))
+            }
+        }
+    }
+}
+
+/// `20 per second`, `5 per 30s`.
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} per {}", self.amount, Period(self.per()))
+    }
+}
+
+/// A period as limits are read aloud: a unit's name when it is one unit (`second`, `minute`,
+/// `hour`, `day`, `week`), else the sum of units a duration is written with (`30s`, `1h30m`,
+/// `1500ms`), so that it reads back as the rule wrote it.
+struct Period(Duration);
+
+impl fmt::Display for Period {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, &str, u64); 6] = [
+            ("week", "w", 604_800_000_000_000),
+            ("day", "d", 86_400_000_000_000),
+            ("hour", "h", 3_600_000_000_000),
+            ("minute", "m", 60_000_000_000),
+            ("second", "s", 1_000_000_000),
+            ("millisecond", "ms", 1_000_000),
+        ];
+        let nanos = duration_nanos(self.0);
+        if let Some((name, _, _)) = UNITS.iter().find(|(_, _, n)| *n == nanos) {
+            return f.write_str(name);
+        }
+        if nanos % 1_000_000 != 0 {
+            return write!(f, "{nanos}ns");
+        }
+        let mut rest = nanos;
+        for (_, suffix, unit) in UNITS {
+            if rest >= unit {
+                write!(f, "{}{suffix}", rest / unit)?;
+                rest %= unit;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -404,5 +508,84 @@ pub(crate) fn nonzero_nanos(d: Duration, what: &'static str) -> Result<u64, Poli
     match duration_nanos(d) {
         0 => Err(PolicyError::ZeroDuration { what }),
         n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::PolicyParams;
+
+    fn built(algorithm: Algorithm, params: &PolicyParams) -> Policy {
+        algorithm.spec().build(params).unwrap()
+    }
+
+    #[test]
+    fn a_rate_and_its_burst_read_as_two_numbers() {
+        let bucket = Policy::from(TokenBucket::new(40, Rate::per_second(20)).unwrap());
+        assert_eq!(bucket.to_string(), "20 per second, burst 40");
+        let gcra = Policy::from(Gcra::new(Rate::per_minute(5), 3).unwrap());
+        assert_eq!(gcra.to_string(), "5 per minute, burst 3");
+        let queue =
+            Policy::from(LeakyQueue::new(Rate::per_minute(5), 5, Duration::from_secs(60)).unwrap());
+        assert_eq!(queue.to_string(), "5 per minute, queue 5 (6 at once)");
+    }
+
+    #[test]
+    fn a_window_reads_as_its_limit_per_its_length() {
+        let params = PolicyParams::new(60, Duration::from_secs(60));
+        assert_eq!(
+            built(Algorithm::FixedWindow, &params).to_string(),
+            "60 per minute"
+        );
+        let params = PolicyParams::new(5, Duration::from_secs(90));
+        assert_eq!(
+            built(Algorithm::SlidingLog, &params).to_string(),
+            "5 per 1m30s"
+        );
+        let params = PolicyParams::new(10_000, Duration::from_secs(86_400));
+        assert_eq!(
+            built(Algorithm::SlidingCounter, &params).to_string(),
+            "10000 per day"
+        );
+        let params = PolicyParams::new(3, Duration::from_millis(1500));
+        assert_eq!(
+            built(Algorithm::FixedWindow, &params).to_string(),
+            "3 per 1s500ms"
+        );
+    }
+
+    #[test]
+    fn a_rate_is_advertised_as_its_limit_over_the_time_to_grant_it() {
+        // 20 a second with a burst of 40: 40 per 2 s, not 40 per second.
+        let bucket = Policy::from(TokenBucket::new(40, Rate::per_second(20)).unwrap());
+        assert_eq!(
+            (bucket.limit(), bucket.window()),
+            (40, Duration::from_secs(2))
+        );
+        assert_eq!(bucket.rate(), Some(Rate::per_second(20)));
+        assert_eq!(bucket.requests_per(), (20, Duration::from_secs(1)));
+        // Without a burst of its own the bucket holds one period's worth.
+        let plain = Policy::from(TokenBucket::new(5, Rate::per_minute(5)).unwrap());
+        assert_eq!(plain.window(), Duration::from_secs(60));
+        // The queue's limit is one released and five waiting: 6 in 72 s is 5 a minute.
+        let queue =
+            Policy::from(LeakyQueue::new(Rate::per_minute(5), 5, Duration::from_secs(60)).unwrap());
+        assert_eq!(
+            (queue.limit(), queue.window()),
+            (6, Duration::from_secs(72))
+        );
+        // A limit that blocks outright keeps its period.
+        let blocked = Policy::from(TokenBucket::new(0, Rate::per_second(0)).unwrap());
+        assert_eq!(blocked.window(), Duration::from_secs(1));
+        let window = built(
+            Algorithm::FixedWindow,
+            &PolicyParams::new(7, Duration::from_secs(60)),
+        );
+        assert_eq!(
+            (window.limit(), window.window(), window.rate()),
+            (7, Duration::from_secs(60), None)
+        );
+        assert_eq!(window.requests_per(), (7, Duration::from_secs(60)));
     }
 }

@@ -138,6 +138,7 @@ fn describe_descriptor(d: &DescriptorConfig) -> Value {
                 "algorithm": l.policy.algorithm().name(),
                 "limit": l.policy.limit(),
                 "window": l.policy.window().as_secs_f64(),
+                "description": l.policy.to_string(),
                 "unit": Unit::ALL.into_iter().find(|u| u.duration() == l.policy.window()).map(|u| u.name().to_ascii_uppercase()),
                 "action": l.action.name(),
                 "shadow": l.shadow,

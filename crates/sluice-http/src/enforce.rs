@@ -145,7 +145,9 @@ fn delay_wait(denied: &[&LimitResult]) -> Option<DelayWait> {
             return None;
         }
         retry = retry.max(c.decision.retry_after);
-        max_wait = max_wait.min(m.unwrap_or_else(|| c.policy().window()));
+        // Without a `max_wait` of its own, a request waits at most one window or one period of
+        // the rate.
+        max_wait = max_wait.min(m.unwrap_or_else(|| c.policy().requests_per().1));
     }
     (!denied.is_empty()).then_some(DelayWait { retry, max_wait })
 }

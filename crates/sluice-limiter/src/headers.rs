@@ -186,6 +186,27 @@ mod tests {
         }
     }
 
+    /// A rate is advertised as its whole limit over the time the rate takes to grant it, in
+    /// whole seconds rounded up: a client pacing itself by `q` over `w` is never too fast.
+    #[test]
+    fn a_rate_with_a_burst_is_advertised_over_the_time_to_grant_the_burst() {
+        let bucket = Policy::from(TokenBucket::new(40, Rate::per_second(20)).unwrap());
+        let odd = Policy::from(TokenBucket::new(10, Rate::per_second(3)).unwrap());
+        let (full, other) = (
+            Decision {
+                limit: 40,
+                ..decision(true, 39, 50, 0)
+            },
+            decision(true, 9, 50, 0),
+        );
+        let shown = [limit("bucket", &bucket, &full), limit("odd", &odd, &other)];
+        let headers = rate_limit_headers(shown.iter(), HeaderStyle::Ietf);
+        assert_eq!(
+            headers[0].1.to_str().unwrap(),
+            r#""bucket";q=40;w=2, "odd";q=10;w=4"#
+        );
+    }
+
     #[test]
     fn ietf_fields_list_every_quota_and_legacy_the_tightest() {
         let burst = Policy::from(TokenBucket::new(10, Rate::per_second(10)).unwrap());

@@ -475,7 +475,7 @@ fn the_check_script_decides_as_the_core_does() {
     for (n, (policy, scale)) in policies.iter().enumerate() {
         let prefix = testing::unique_prefix();
         let script = redis::Script::new(&frozen_check_script(&prefix));
-        let micros = policy.window() >= Duration::from_nanos(1 << 53);
+        let micros = policy.requests_per().1 >= Duration::from_nanos(1 << 53);
         let mut walk = Walk {
             conn: &mut conn,
             script: &script,

@@ -47,23 +47,28 @@ fn dump_descriptor(out: &mut String, parent: &str, d: &DescriptorConfig) {
     }
     for limit in &d.limits {
         let policy = &limit.policy;
+        let (requests, per) = policy.requests_per();
         let unit = Unit::ALL
             .into_iter()
-            .find(|u| u.duration() == policy.window())
+            .find(|u| u.duration() == per)
             .map_or_else(
-                || format!("{}s", policy.window().as_secs_f64()),
+                || format!("{}s", per.as_secs_f64()),
                 |u| u.name().to_ascii_uppercase(),
             );
         let _ = write!(
             out,
-            "{path}: unit={unit} requests_per_unit={}, shadow_mode: {}",
-            policy.limit(),
+            "{path}: unit={unit} requests_per_unit={requests}, shadow_mode: {}",
             limit.shadow
         );
         if let Some(name) = &limit.name {
             let _ = write!(out, ", name: {name}");
         }
-        let _ = writeln!(out, ", algorithm: {}", policy.algorithm().name());
+        let _ = write!(out, ", algorithm: {}", policy.algorithm().name());
+        // A rate's burst has no place in Envoy's two numbers: the whole limit follows.
+        if policy.rate().is_some() {
+            let _ = write!(out, " ({policy})");
+        }
+        out.push('\n');
     }
     for child in &d.descriptors {
         dump_descriptor(out, &path, child);
@@ -86,6 +91,20 @@ mod tests {
             "rl.generic_key_slowpath: unit=MINUTE requests_per_unit=10, shadow_mode: false, algorithm: fixed_window\n\
              rl.client.path_/api/*: unit=HOUR requests_per_unit=500, shadow_mode: false, name: api, algorithm: fixed_window\n\
              rl.client.bot: unlimited\n"
+        );
+    }
+
+    #[test]
+    fn a_rate_is_listed_as_its_rate_then_its_whole_limit() {
+        let rules = RuleSet::from_sources([(
+            "rules.yaml",
+            "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {algorithm: token_bucket, unit: second, requests_per_unit: 20, burst: 40}\n",
+        )])
+        .unwrap();
+        assert_eq!(
+            dump(&rules),
+            "rl.user: unit=SECOND requests_per_unit=20, shadow_mode: false, algorithm: token_bucket \
+             (20 per second, burst 40)\n"
         );
     }
 }

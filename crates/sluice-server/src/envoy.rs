@@ -12,7 +12,7 @@ pub use envoy_types::pb::envoy::service::ratelimit::v3::{
 use sluice_rules::Unit;
 
 use sluice_limiter::limits::MAX_DESCRIPTORS;
-use sluice_limiter::{LimitOverride, LimitRequest, RequestDescriptor, Verdict};
+use sluice_limiter::{LimitOverride, LimitRequest, LimitResult, RequestDescriptor, Verdict};
 
 /// The Envoy unit whose length is exactly `window`, or `Unknown` for Sluice's free windows.
 pub fn envoy_unit(window: Duration) -> EnvoyUnit {
@@ -106,11 +106,7 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
                 },
                 Some(c) => DescriptorStatus {
                     code,
-                    current_limit: Some(RateLimit {
-                        name: c.rule.name.as_deref().unwrap_or_default().to_owned(),
-                        requests_per_unit: u32::try_from(c.decision.limit).unwrap_or(u32::MAX),
-                        unit: envoy_unit(c.policy().window()) as i32,
-                    }),
+                    current_limit: Some(current_limit(c)),
                     limit_remaining: if c.decision.allowed {
                         u32::try_from(c.decision.remaining).unwrap_or(u32::MAX)
                     } else {
@@ -130,6 +126,17 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
         } as i32,
         statuses,
         ..Default::default()
+    }
+}
+
+/// Envoy's description of the limit `c`: its name, and its requests per unit, which for a rate
+/// is the rate (20 per second for a bucket of 40 refilling at 20 a second), not its burst.
+fn current_limit(c: &LimitResult) -> RateLimit {
+    let (requests, per) = c.policy().requests_per();
+    RateLimit {
+        name: c.rule.name.as_deref().unwrap_or_default().to_owned(),
+        requests_per_unit: u32::try_from(requests).unwrap_or(u32::MAX),
+        unit: envoy_unit(per) as i32,
     }
 }
 

@@ -90,8 +90,9 @@ pub struct LaneRun {
     pub lane: Lane,
     /// One outcome per request, in trace order.
     pub outcomes: Vec<Outcome>,
-    /// The busiest key's state sampled at [`SAMPLES`] even steps over the trace, each a peek
-    /// (a cost-0 decision that changes nothing), so plots show it between requests too.
+    /// The busiest key's state sampled at [`SAMPLES`] even steps up to the trace's
+    /// [`end`](Trace::end), each a peek (a cost-0 decision that changes nothing), so plots show
+    /// it between requests and after the last one too.
     pub samples: Vec<(Duration, Decision)>,
 }
 
@@ -151,7 +152,9 @@ impl LaneRun {
 /// request's arrival before the store decides it.
 pub fn simulate(trace: &Trace, lanes: &[Lane]) -> Vec<LaneRun> {
     let busiest = trace.busiest_key();
-    let step = trace.span() / SAMPLES as u32;
+    // Samples run to the end of the report's time axis, past the last request, so the plots
+    // show the limiter recovering from the last burst.
+    let step = trace.end() / SAMPLES as u32;
     lanes
         .iter()
         .map(|lane| {
@@ -188,7 +191,7 @@ pub fn simulate(trace: &Trace, lanes: &[Lane]) -> Vec<LaneRun> {
                     decision,
                 });
             }
-            sample_until(trace.span() + step, &mut samples);
+            sample_until(trace.end() + step, &mut samples);
             LaneRun {
                 lane: lane.clone(),
                 outcomes,
@@ -285,6 +288,23 @@ mod tests {
         };
         assert!(used_at(122) >= 4, "{}", used_at(122));
         assert_eq!(used_at(230), 0);
+    }
+
+    /// The plots do not stop at the last burst: the samples go on to the trace's end, where the
+    /// bucket the burst emptied is full again.
+    #[test]
+    fn samples_show_the_recovery_from_the_last_burst() {
+        let runs = run(Pattern::Boundary);
+        let bucket = lane(&runs, "token_bucket");
+        let (last, state) = bucket.samples.last().unwrap();
+        assert!(*last >= Duration::from_secs(599), "{last:?}");
+        assert_eq!(state.limit - state.remaining, 0);
+        let just_after = bucket
+            .samples
+            .iter()
+            .find(|(at, _)| *at >= Duration::from_secs(481))
+            .unwrap();
+        assert!(just_after.1.remaining < just_after.1.limit);
     }
 
     #[test]

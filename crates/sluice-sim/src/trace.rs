@@ -24,12 +24,23 @@ pub struct Trace {
     /// Key names; arrivals refer to them by index, so a million requests over a few keys do not
     /// carry a million strings.
     pub keys: Vec<String>,
+    /// How long the traffic lasted, when that is more than its last arrival: a generated
+    /// trace's duration (its last burst may come well before the end). Zero for a file.
+    pub duration: Duration,
 }
 
 impl Trace {
     /// How long the trace lasts: the last arrival's time.
     pub fn span(&self) -> Duration {
         self.arrivals.last().map_or(Duration::ZERO, |a| a.at)
+    }
+
+    /// Where the report's time axis ends, and its samples of state: the trace's duration, and
+    /// in any case a twentieth of the trace past its last request, so that the last burst is
+    /// drawn whole (the limiter recovering from it included) and not against the plot's edge.
+    pub fn end(&self) -> Duration {
+        let span = self.span().max(Duration::from_millis(1));
+        self.duration.max(span + span / 20)
     }
 
     /// The key with the most requests (the first such, on a tie).
@@ -57,6 +68,7 @@ impl Trace {
         Trace {
             arrivals,
             keys: vec!["client".to_owned()],
+            duration: Duration::ZERO,
         }
     }
 
@@ -131,7 +143,11 @@ impl Trace {
             .collect();
         // Stable: requests at the same instant keep the file's order.
         arrivals.sort_by_key(|a| a.at);
-        Ok(Trace { arrivals, keys })
+        Ok(Trace {
+            arrivals,
+            keys,
+            duration: Duration::ZERO,
+        })
     }
 }
 
@@ -205,6 +221,28 @@ impl Pattern {
         Pattern::Diurnal,
     ];
 
+    /// What the pattern sends, for `--help` and the report: the words a user picks it by.
+    pub fn description(self) -> &'static str {
+        match self {
+            Pattern::Steady => "evenly spaced requests at --rate",
+            Pattern::Burst => {
+                "quiet, then twice the limit at once; the first burst half a window in, then one \
+                 every two windows"
+            }
+            Pattern::Poisson => "random arrivals at an average of --rate",
+            Pattern::Boundary => {
+                "the window-edge attack: the limit's worth in the last 1% of a window and again \
+                 in the first 1% of the next, at every other boundary from the second (2, 4, 6 \
+                 and 8 windows in over ten); a fixed window admits twice its limit within \
+                 moments. Needs a --duration over two windows"
+            }
+            Pattern::Diurnal => {
+                "random arrivals whose rate rises from 0.2 to 1.8 times --rate mid-trace and \
+                 falls again, like a day's traffic"
+            }
+        }
+    }
+
     /// The pattern's name on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -238,7 +276,8 @@ pub struct Shape {
     pub limit: u64,
     /// The window.
     pub window: Duration,
-    /// How long the trace lasts.
+    /// How long the trace lasts: no request arrives after it, not even the second half of a
+    /// burst that straddles a boundary.
     pub duration: Duration,
     /// Average requests per second offered, for `steady`, `poisson` and `diurnal`.
     pub rate: f64,
@@ -282,7 +321,8 @@ pub fn generate(pattern: Pattern, shape: &Shape) -> Trace {
         }
         Pattern::Burst => {
             let mut start = window / 2.0;
-            while start < end {
+            // Each burst whole, or not at all.
+            while start + window * 1e-3 < end {
                 for i in 0..shape.limit * 2 {
                     // Spread over a thousandth of the window: one burst, still in order.
                     times.push(start + window * 1e-3 * i as f64 / (shape.limit * 2) as f64);
@@ -295,7 +335,8 @@ pub fn generate(pattern: Pattern, shape: &Shape) -> Trace {
             // in the last 1% before it and the limit's worth in the first 1% after it.
             let edge = window * 0.01;
             let mut boundary = 2.0 * window;
-            while boundary < end {
+            // Both halves of a burst within the duration, or neither: half the attack is not it.
+            while boundary + edge < end {
                 for i in 0..shape.limit {
                     let step = edge * i as f64 / shape.limit as f64;
                     times.push(boundary - edge + step);
@@ -307,7 +348,10 @@ pub fn generate(pattern: Pattern, shape: &Shape) -> Trace {
             }
         }
     }
-    Trace::single_key(times.into_iter().map(Duration::from_secs_f64))
+    Trace {
+        duration: shape.duration,
+        ..Trace::single_key(times.into_iter().map(Duration::from_secs_f64))
+    }
 }
 
 /// Arrivals of a Poisson process of average `rate` scaled by `shape(t)` (at most 2), by thinning
@@ -397,6 +441,50 @@ mod tests {
             .filter(|a| a.at > secs(150.0) && a.at < secs(450.0));
         // The middle half of the trace carries most of it.
         assert!(half.count() * 2 > diurnal.arrivals.len());
+    }
+
+    #[test]
+    fn no_request_arrives_after_the_duration() {
+        let minute = Duration::from_secs(60);
+        for (pattern, duration, requests) in [
+            // The boundary at 2 minutes, its second half cut: no burst at all.
+            (Pattern::Boundary, secs(120.3), 0),
+            (Pattern::Boundary, secs(121.0), 10),
+            (Pattern::Boundary, secs(240.0), 10),
+            // The burst at 30 s lasts 60 ms.
+            (Pattern::Burst, secs(30.05), 0),
+            (Pattern::Burst, secs(31.0), 10),
+        ] {
+            let shape = Shape {
+                duration,
+                ..Shape::around(5, minute)
+            };
+            let trace = generate(pattern, &shape);
+            assert_eq!(
+                trace.arrivals.len(),
+                requests,
+                "{pattern:?} over {duration:?}"
+            );
+            assert!(trace.span() < duration, "{pattern:?} over {duration:?}");
+        }
+        for pattern in Pattern::ALL {
+            let shape = Shape::around(5, minute);
+            assert!(
+                generate(pattern, &shape).span() < shape.duration,
+                "{pattern:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_time_axis_leaves_room_after_the_last_burst() {
+        // Boundary traffic's last burst ends 8 minutes and 0.6 s in; the axis runs to 10.
+        let minute = Duration::from_secs(60);
+        let trace = generate(Pattern::Boundary, &Shape::around(5, minute));
+        assert_eq!(trace.end(), 10 * minute);
+        // A file ends at its last request: the axis runs a twentieth further.
+        let file = Trace::single_key([Duration::ZERO, Duration::from_secs(100)]);
+        assert_eq!(file.end(), Duration::from_secs(105));
     }
 
     #[test]

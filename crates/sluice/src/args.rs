@@ -20,6 +20,10 @@ pub(crate) struct RulesArgs {
     pub(crate) reload_debounce: Duration,
 }
 
+/// Open connections per listener when `--max-connections` is not given, if the open-files limit
+/// holds them.
+const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
 /// How long clients may hold connections, and how long stopping may take.
 #[derive(Debug, Clone, Copy, Args)]
 pub(crate) struct ConnectionArgs {
@@ -36,9 +40,10 @@ pub(crate) struct ConnectionArgs {
     #[arg(long, env = "SLUICE_SHUTDOWN_TIMEOUT", value_parser = parse_duration_or_error, default_value = "30s")]
     pub(crate) shutdown_timeout: Duration,
     /// Open connections at most, per listener; more are closed as soon as they are accepted.
-    /// Lowered to fit the open-files limit, which is raised to its hard limit at start.
-    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 16_384)]
-    pub(crate) max_connections: usize,
+    /// The open-files limit is raised to its hard limit at start; a number given here that does
+    /// not fit in it is lowered to fit, with a warning [default: 16384, or what fits].
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS")]
+    pub(crate) max_connections: Option<usize>,
     /// Open connections from one client address at most, per listener (raise it behind a load
     /// balancer, whose few addresses carry every client).
     #[arg(long, env = "SLUICE_MAX_CONNECTIONS_PER_IP", default_value_t = 1_024)]
@@ -48,19 +53,30 @@ pub(crate) struct ConnectionArgs {
 impl ConnectionArgs {
     /// The limits, with the total lowered to what the open-files limit allows: three
     /// listeners may each fill it, and the process needs descriptors of its own (the store, the
-    /// upstream, the rule files).
+    /// upstream, the rule files). Only a number the user asked for is worth a warning when it
+    /// is lowered: the default is a ceiling, not a request, and most hosts' hard limit holds
+    /// fewer than it, so warning about it would greet every default start with a false alarm.
     pub(crate) fn limits(&self, open_files: u64) -> sluice_http::serve::ConnectionLimits {
         let fits = usize::try_from(open_files.saturating_sub(256) / 3).unwrap_or(usize::MAX);
-        let max_connections = self.max_connections.min(fits.max(1));
-        if max_connections < self.max_connections {
-            tracing::warn!(
-                open_files,
-                asked = self.max_connections,
-                max_connections,
-                "the open-files limit holds fewer connections than --max-connections; each \
-                 listener takes at most max_connections (raise the hard limit, `ulimit -Hn`, \
-                 to serve more)"
-            );
+        let asked = self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        let max_connections = asked.min(fits.max(1));
+        if max_connections < asked {
+            if self.max_connections.is_some() {
+                tracing::warn!(
+                    open_files,
+                    asked,
+                    max_connections,
+                    "the open-files limit holds fewer connections than --max-connections; each \
+                     listener takes at most max_connections (raise the hard limit, `ulimit -Hn`, \
+                     to serve more)"
+                );
+            } else {
+                tracing::debug!(
+                    open_files,
+                    max_connections,
+                    "each listener takes at most max_connections, what the open-files limit holds"
+                );
+            }
         }
         sluice_http::serve::ConnectionLimits {
             header_read: self.header_timeout,

@@ -4,7 +4,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use std::fmt::Write as _;
+
 use clap::Subcommand;
+use clap::builder::StyledStr;
+use clap::builder::styling::Style;
 use sluice_bench as bench;
 use sluice_core::parse_duration_or_error;
 
@@ -22,25 +26,29 @@ pub(crate) enum BenchTarget {
     },
 }
 
-/// `{n}`, as the help shows it. clap turns a literal `{n}` in help text into a line break, so an
-/// invisible word joiner (U+2060) sits between the brace and the `n`; the bench templates accept
-/// that form too, so a placeholder copied from the help works.
-macro_rules! key_placeholder {
-    () => {
-        "`{\u{2060}n}`"
-    };
+/// A help text that shows the key placeholder, `{n}`, between `before` and `after`. clap turns
+/// a literal `{n}` in help text into a line break, and an invisible character inside it would
+/// be copied along with it; so the placeholder is written in clap's style for literals (bold)
+/// as two styled runs, `{` and `n}`. A terminal shows `{n}` in bold, a pipe or a file gets the
+/// plain `{n}`, and what a user copies from either is the placeholder itself.
+fn key_help(before: &str, after: &str) -> StyledStr {
+    let literal = Style::new().bold();
+    let (on, off) = (literal.render(), literal.render_reset());
+    let mut help = StyledStr::new();
+    let _ = write!(help, "{before}`{on}{{{off}{on}n}}{off}`{after}");
+    help
 }
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchHttpArgs {
-    #[arg(help = concat!("The URL, `http://host:port/path?query`; ", key_placeholder!(), " becomes the key number"))]
+    #[arg(help = key_help("The URL, `http://host:port/path?query`; ", " becomes the key number"))]
     url: String,
     /// The request method.
     #[arg(long, short = 'X', default_value = "GET")]
     method: http::Method,
-    #[arg(long = "header", short = 'H', help = concat!("A request header, `name: value` (repeatable); ", key_placeholder!(), " becomes the key number"))]
+    #[arg(long = "header", short = 'H', help = key_help("A request header, `name: value` (repeatable); ", " becomes the key number"))]
     headers: Vec<String>,
-    #[arg(long, short = 'd', help = concat!("A request body (JSON unless a content-type header says otherwise); ", key_placeholder!(), " becomes the key number"))]
+    #[arg(long, short = 'd', help = key_help("A request body (JSON unless a content-type header says otherwise); ", " becomes the key number"))]
     body: Option<String>,
     /// Speak h2 with prior knowledge, the workers multiplexed over `--connections`.
     #[arg(long)]
@@ -63,7 +71,7 @@ pub(crate) struct BenchGrpcArgs {
     /// The rate-limit domain.
     #[arg(long)]
     domain: String,
-    #[arg(long = "descriptor", required = true, help = concat!("A descriptor, `key=value,key=value` (repeatable); ", key_placeholder!(), " becomes the key number"))]
+    #[arg(long = "descriptor", required = true, help = key_help("A descriptor, `key=value,key=value` (repeatable); ", " becomes the key number"))]
     descriptors: Vec<String>,
     /// Units each request consumes (Envoy's `hits_addend`; 0 means 1).
     #[arg(long, default_value_t = 0)]
@@ -94,7 +102,7 @@ pub(crate) struct LoadArgs {
     /// Send for this long before measuring.
     #[arg(long, value_parser = parse_duration_or_error, default_value = "0s")]
     warmup: Duration,
-    #[arg(long, default_value_t = 1, help = concat!("How many key numbers ", key_placeholder!(), " cycles through"))]
+    #[arg(long, default_value_t = 1, help = key_help("How many key numbers ", " cycles through"))]
     keys: u64,
     /// How long one request may take before it counts as an error.
     #[arg(long, value_parser = parse_duration_or_error, default_value = "10s")]

@@ -3,6 +3,7 @@
 
 mod args;
 mod bench_cmd;
+mod listen_error;
 mod proxy_cmd;
 mod serve_cmd;
 mod simulate_cmd;

@@ -3,10 +3,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use sluice_gateway::{Gateway, GatewayOptions};
+use sluice_gateway::{Gateway, GatewayError, GatewayOptions};
 use sluice_http::serve::ConnectionLimits;
 
 use crate::args::{ConnectionArgs, LogArgs, RulesArgs, StoreArgs};
+use crate::listen_error::Listeners;
 use crate::start::run_service;
 
 #[derive(Debug, clap::Args)]
@@ -85,7 +86,18 @@ impl ProxyArgs {
 
 /// Forwards with the options given.
 pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    let listeners = Listeners::default()
+        .at("--listen", args.listen)
+        .maybe_at("--admin-addr", args.admin_addr);
     run_service(args.log.log_format, "info", args.connections, |limits| {
-        Gateway::start(args.options(limits))
+        start(args.options(limits), listeners)
+    })
+}
+
+/// Starts the gateway; a listener that cannot be bound is named by the flag that chose it.
+async fn start(options: GatewayOptions, listeners: Listeners) -> anyhow::Result<Gateway> {
+    Gateway::start(options).await.map_err(|e| match e {
+        GatewayError::Bind { addr, source } => listeners.error(addr, source).into(),
+        e => e.into(),
     })
 }

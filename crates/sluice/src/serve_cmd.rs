@@ -7,9 +7,10 @@ use std::time::Duration;
 use sluice_core::parse_duration_or_error;
 use sluice_http::serve::ConnectionLimits;
 use sluice_limiter::ReservationTtls;
-use sluice_server::{ServeOptions, Server, envoy_env};
+use sluice_server::{ServeOptions, Server, StartError, envoy_env};
 
 use crate::args::{ConnectionArgs, Headers, LogArgs, LogFormat, RulesArgs, StoreArgs};
+use crate::listen_error::Listeners;
 use crate::start::run_service;
 
 #[derive(Debug, clap::Args)]
@@ -88,8 +89,19 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.max_reservation_ttl
         );
     }
+    let listeners = Listeners::default()
+        .at("--http-addr", args.http_addr)
+        .at("--grpc-addr", args.grpc_addr);
     run_service(args.log.log_format, "info", args.connections, |limits| {
-        Server::start(args.options(limits))
+        start(args.options(limits), listeners)
+    })
+}
+
+/// Starts the service; a listener that cannot be bound is named by the setting that chose it.
+async fn start(options: ServeOptions, listeners: Listeners) -> anyhow::Result<Server> {
+    Server::start(options).await.map_err(|e| match e {
+        StartError::Bind { addr, source } => listeners.error(addr, source).into(),
+        e => e.into(),
     })
 }
 
@@ -106,6 +118,11 @@ pub(crate) fn run_envoy_env() -> anyhow::Result<()> {
         launch.log_unused_variables();
         let mut options = launch.options;
         options.connections = limits;
-        Server::start(options)
+        let listeners = Listeners::default()
+            .at("HOST/PORT", options.http_addr)
+            .at("GRPC_HOST/GRPC_PORT", options.grpc_addr)
+            .maybe_at("DEBUG_HOST/DEBUG_PORT", options.debug_addr)
+            .maybe_at("PROMETHEUS_ADDR", options.metrics_addr);
+        start(options, listeners)
     })
 }

@@ -14,8 +14,8 @@ use sluice_sim::{Pattern, Shape, Trace, compare_lanes, generate, rule_lanes, sim
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct SimulateArgs {
-    /// Generated traffic: steady, burst, poisson, boundary (the window-edge attack) or diurnal.
-    #[arg(long, default_value = "boundary", conflicts_with = "trace")]
+    /// Generated traffic, on one key, shaped around --limit per --window.
+    #[arg(long, default_value = "boundary", conflicts_with = "trace", value_parser = patterns())]
     pattern: Pattern,
     /// Traffic from a file instead: one request a line, SECONDS[,KEY[,COST]].
     #[arg(long)]
@@ -33,7 +33,8 @@ pub(crate) struct SimulateArgs {
     /// The nominal window.
     #[arg(long, value_parser = parse_duration_or_error, default_value = "1m")]
     window: Duration,
-    /// How long generated traffic lasts [default: ten windows].
+    /// How long generated traffic lasts: no request arrives after it (a burst that would not fit
+    /// whole is left out), and the plots span it [default: ten windows].
     #[arg(long, value_parser = parse_duration_or_error)]
     duration: Option<Duration>,
     /// Average requests per second of steady, poisson and diurnal traffic [default: 1.5 times
@@ -72,13 +73,22 @@ pub(crate) struct SimulateArgs {
     sub_windows: Option<u32>,
 }
 
+/// The patterns as `--help` lists them, each with what it sends.
+fn patterns() -> impl clap::builder::TypedValueParser<Value = Pattern> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new(
+        Pattern::ALL.map(|p| PossibleValue::new(p.name()).help(p.description())),
+    )
+    .try_map(|name| name.parse::<Pattern>())
+}
+
 pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if args.counter_error {
         return measure_counter_error(&args);
     }
     let limit = args.limit.unwrap_or(5);
     anyhow::ensure!(limit > 0, "--limit must be at least 1");
-    let (trace, traffic) = match &args.trace {
+    let (trace, traffic, described) = match &args.trace {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the trace {}", path.display()))?;
@@ -88,7 +98,7 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 "{} holds no requests",
                 path.display()
             );
-            (trace, path.display().to_string())
+            (trace, path.display().to_string(), String::new())
         }
         None => {
             let mut shape = Shape::around(limit, args.window);
@@ -100,9 +110,18 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 anyhow::ensure!(r > 0.0 && r.is_finite(), "--rate must be a positive number");
                 shape.rate = r;
             }
+            let trace = generate(args.pattern, &shape);
+            anyhow::ensure!(
+                !trace.arrivals.is_empty(),
+                "{} traffic over --duration {:?} holds no request; it is {}",
+                args.pattern.name(),
+                shape.duration,
+                args.pattern.description()
+            );
             (
-                generate(args.pattern, &shape),
+                trace,
                 format!("{} traffic", args.pattern.name()),
+                args.pattern.description().to_owned(),
             )
         }
     };
@@ -117,6 +136,7 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let runs = simulate(&trace, &lanes);
     let about = About {
         traffic,
+        described,
         window: args.window,
     };
     std::fs::create_dir_all(&args.out)
@@ -127,21 +147,7 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let csv = args.out.join("decisions.csv");
     std::fs::write(&csv, report::csv(&trace, &runs))
         .with_context(|| format!("cannot write {}", csv.display()))?;
-    println!(
-        "| lane | admitted | refused | largest in any {:?} | limit |",
-        args.window
-    );
-    println!("|---|---:|---:|---:|---:|");
-    for run in &runs {
-        println!(
-            "| {} | {} | {} | {} | {} |",
-            run.lane.name,
-            run.admitted(),
-            run.rejected(),
-            run.peak_within(args.window),
-            run.lane.policy.limit()
-        );
-    }
+    print!("{}", report::summary(&runs, args.window).markdown());
     println!("\nwrote {} and {}", page.display(), csv.display());
     Ok(())
 }

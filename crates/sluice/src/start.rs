@@ -25,7 +25,7 @@ pub(crate) fn run_service<S, E, F>(
 where
     F: Future<Output = Result<S, E>>,
     S: Into<Lifecycle>,
-    E: std::error::Error + Send + Sync + 'static,
+    anyhow::Error: From<E>,
 {
     let runtime = start_runtime(format, default_filter)?;
     let limits = connections.limits(raise_open_files_limit());

@@ -419,16 +419,52 @@ fn bench_help_shows_the_key_placeholder_in_place() {
             .unwrap();
         assert!(out.status.success());
         let help = String::from_utf8(out.stdout).unwrap();
-        // Shown as `{n}` (with an invisible word joiner), not broken across lines.
-        assert!(
-            help.contains("`{\u{2060}n}` becomes the key number"),
-            "{help}"
-        );
-        assert!(
-            help.contains("How many key numbers `{\u{2060}n}` cycles"),
-            "{help}"
-        );
+        // Shown as `{n}`, exactly what a URL must hold, not broken across lines.
+        assert!(help.contains("`{n}` becomes the key number"), "{help}");
+        assert!(help.contains("How many key numbers `{n}` cycles"), "{help}");
         assert!(!help.contains("; `\n"), "{help}");
+    }
+}
+
+/// Characters a reader cannot see but a copy carries along: zero-width ones, joiners, the soft
+/// hyphen, bidirectional controls, the byte-order mark, and spaces that are not spaces.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00A0}' | '\u{00AD}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202F}'
+        | '\u{2060}'..='\u{206F}' | '\u{FEFF}')
+        || (c.is_control() && c != '\n')
+}
+
+/// Every command's help, short and long, holds only characters a reader sees, so whatever is
+/// copied from it is what it shows.
+#[test]
+fn no_help_text_holds_an_invisible_character() {
+    let commands: [&[&str]; 9] = [
+        &[],
+        &["serve"],
+        &["proxy"],
+        &["bench"],
+        &["bench", "http"],
+        &["bench", "grpc"],
+        &["bench", "upstream"],
+        &["simulate"],
+        &["validate"],
+    ];
+    for command in commands {
+        for flag in ["-h", "--help"] {
+            let out = sluice().args(command).arg(flag).output().unwrap();
+            let help = String::from_utf8(out.stdout).unwrap();
+            assert!(!help.is_empty(), "{command:?} {flag}");
+            for (n, line) in help.lines().enumerate() {
+                if let Some(c) = line.chars().find(|&c| invisible(c)) {
+                    panic!(
+                        "{command:?} {flag}, line {}: U+{:04X} in {line:?}",
+                        n + 1,
+                        c as u32
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -508,23 +544,117 @@ fn validate_with_a_hybrid_store_refuses_the_sliding_log_with_its_location() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown parameter `sync=1ms`"));
 }
 
-/// Under an open-files limit too small for `--max-connections`, the cap is lowered to fit, and
-/// the log says so at start.
-#[test]
-fn a_connection_cap_lowered_to_fit_the_open_files_limit_is_logged() {
+/// The log of `sluice serve` with the example rules under an open-files limit of 1,024 (room
+/// for 256 connections per listener), started with `args` and stopped once it listens.
+fn start_log_under_1024_open_files(args: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/rules.yaml");
     let process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
         .launched_by("prlimit", ["--nofile=1024:1024"])
         .config(rules)
+        .args(args)
         .env("NO_COLOR", "1")
         .log_to(dir.path().join("log"))
         .start();
     drop(process);
-    let text = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    std::fs::read_to_string(dir.path().join("log")).unwrap()
+}
+
+/// Under an open-files limit too small for the `--max-connections` asked for, the cap is lowered
+/// to fit, and the log says so at start.
+#[test]
+fn a_connection_cap_lowered_to_fit_the_open_files_limit_is_logged() {
+    let text = start_log_under_1024_open_files(&["--max-connections", "16384"]);
     assert!(
         text.contains("fewer connections than --max-connections")
             && text.contains("max_connections=256"),
         "{text}"
     );
+}
+
+/// The default cap is a ceiling, not a request: a start that asks for nothing is not greeted
+/// with a warning when the open-files limit holds fewer.
+#[test]
+fn a_default_start_says_nothing_of_the_open_files_limit() {
+    // It listened, so it is past the point where the cap is set.
+    let text = start_log_under_1024_open_files(&[]);
+    assert!(!text.contains("WARN"), "{text}");
+    assert!(!text.contains("open-files"), "{text}");
+}
+
+/// A port in use stops the start with a message that names the flag that chose it, for each
+/// listener of `serve` and `proxy`.
+#[test]
+fn a_port_in_use_names_the_flag_to_change() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/rules.yaml");
+    let gateway = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/gateway.yaml");
+    let free = "127.0.0.1:0";
+    let runs = [
+        (
+            "--http-addr",
+            vec![
+                "serve",
+                "--config",
+                rules,
+                "--http-addr",
+                &taken,
+                "--grpc-addr",
+                free,
+            ],
+        ),
+        (
+            "--grpc-addr",
+            vec![
+                "serve",
+                "--config",
+                rules,
+                "--http-addr",
+                free,
+                "--grpc-addr",
+                &taken,
+            ],
+        ),
+        (
+            "--listen",
+            vec![
+                "proxy",
+                "--config",
+                gateway,
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--listen",
+                &taken,
+            ],
+        ),
+        (
+            "--admin-addr",
+            vec![
+                "proxy",
+                "--config",
+                gateway,
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--listen",
+                free,
+                "--admin-addr",
+                &taken,
+            ],
+        ),
+    ];
+    for (flag, args) in runs {
+        let out = sluice()
+            .args(&args)
+            .env("SLUICE_LOG", "error")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("cannot listen on {taken} ({flag}): "))
+                && stderr.contains(&format!("give {flag} another port")),
+            "{flag}: {stderr}"
+        );
+    }
 }

@@ -142,3 +142,78 @@ fn the_counter_error_table_is_printed_and_repeatable() {
         "the same seed gives the same table"
     );
 }
+
+#[test]
+fn the_help_describes_every_pattern() {
+    let out = sluice(&["simulate", "--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for line in [
+        "- steady:   evenly spaced requests at --rate",
+        "- boundary: the window-edge attack: the limit's worth in the last 1% of a window",
+        "- diurnal:  random arrivals whose rate rises",
+    ] {
+        assert!(help.contains(line), "{line}\n{help}");
+    }
+    assert!(help.contains("no request arrives after it"), "{help}");
+}
+
+/// Boundary traffic needs more than two windows: a shorter run says so, rather than report
+/// seven lanes that saw nothing.
+#[test]
+fn boundary_traffic_too_short_for_its_first_burst_is_refused_with_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("report");
+    let out = sluice(&[
+        "simulate",
+        "--duration",
+        "2m",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("boundary traffic over --duration 120s holds no request")
+            && stderr.contains("Needs a --duration over two windows"),
+        "{stderr}"
+    );
+}
+
+/// The terminal's table and the report's have the same columns in the same order, and the
+/// queue's limit of 6 at 5 a minute comes with its reason.
+#[test]
+fn the_terminal_and_the_report_show_the_same_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("report");
+    let out = sluice(&[
+        "simulate",
+        "--pattern",
+        "burst",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let columns = [
+        "lane",
+        "admitted",
+        "refused",
+        "largest in any 60s",
+        "limit",
+        "× limit",
+        "policy",
+        "longest queue wait",
+    ];
+    assert!(
+        table.starts_with(&format!("| {} |\n", columns.join(" | "))),
+        "{table}"
+    );
+    let page = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
+    let header: String = columns.iter().map(|c| format!("<th>{c}</th>")).collect();
+    assert!(page.contains(&header), "{page}");
+    assert!(
+        table.contains("| 6 | 0.83× | 5 per minute, queue 5 (6 at once) |"),
+        "{table}"
+    );
+}

@@ -209,7 +209,7 @@ mod tests {
         for spec in &ALGORITHMS {
             let policy = spec.build(&params).unwrap();
             assert_eq!(policy.algorithm(), spec.algorithm);
-            assert_eq!(policy.window(), Duration::from_secs(60));
+            assert_eq!(policy.requests_per().1, Duration::from_secs(60));
         }
     }
 

@@ -44,6 +44,7 @@ pub(super) fn verdict_json(
                         "limit": c.decision.limit,
                         "remaining": c.decision.remaining,
                         "window": c.policy().window().as_secs_f64(),
+                        "description": c.policy().to_string(),
                         "reset_after": secs(c.decision.reset_after),
                         "retry_after": secs(c.decision.retry_after),
                         "delay": secs(c.decision.delay),

@@ -64,6 +64,8 @@ descriptors:
       - name: daily
         requests_per_unit: 5
         window: 1d
+  - key: spender
+    rate_limit: {name: refill, algorithm: token_bucket, requests_per_unit: 20, unit: second, burst: 40}
 "#;
 
 /// A server on the rules above, on loopback ports, its counters in a memory store on a fake

@@ -61,6 +61,42 @@ async fn native_check_returns_decisions_and_headers() {
     assert_eq!(r["descriptors"][0]["limits"][1]["remaining"], 1);
 }
 
+/// A token bucket of 20 a second with a burst of 40 is shown as both numbers, never as "40 per
+/// second": `RateLimit-Policy` advertises the 40 over the 2 s the rate takes to grant them,
+/// `/json` (Envoy's message, which has no burst) the rate, and `/v1/check` and `/v1/rules`
+/// describe it whole.
+#[tokio::test]
+async fn a_bucket_shows_its_rate_and_its_burst_as_what_they_are() {
+    let h = Harness::start().await;
+    let body = json_one("spender", "s");
+    let (status, r, headers) = h.post("/v1/check", &body).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["ratelimit-policy"], r#""refill";q=40;w=2"#);
+    let limit = &r["descriptors"][0]["limits"][0];
+    assert_eq!(limit["description"], "20 per second, burst 40");
+    assert_eq!(
+        (&limit["limit"], &limit["window"]),
+        (&json!(40), &json!(2.0))
+    );
+    assert_eq!(limit["remaining"], 39);
+    let (_, r, _) = h.post("/json", &body).await;
+    assert_eq!(
+        r["statuses"][0]["currentLimit"],
+        json!({"name": "refill", "requestsPerUnit": 20, "unit": "SECOND"})
+    );
+    let rules: Value = h.get("/v1/rules").await.json().await.unwrap();
+    let spender = rules["domains"][0]["descriptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["key"] == "spender")
+        .unwrap();
+    assert_eq!(
+        spender["limits"][0]["description"],
+        "20 per second, burst 40"
+    );
+}
+
 #[tokio::test]
 async fn bad_http_input_gets_a_problem_naming_the_field() {
     let h = Harness::start().await;

@@ -1,5 +1,6 @@
 // The dashboard end to end, in headless Chromium: `sluice serve` on rules of its own, the page
-// loaded, traffic sent, and the page must show the decisions move and a failed reload appear.
+// loaded at 1400 px wide, traffic sent, and the page must show the decisions move on plots with
+// axes, a token bucket as its rate and burst, no column cut off, and a failed reload appear.
 // Run by scripts/test, which installs Chromium and playwright-core:
 //
 //   SLUICE_BIN=target/debug/sluice PLAYWRIGHT_DIR=target/browser-test CHROMIUM=/usr/bin/chromium \
@@ -46,7 +47,33 @@ writeFileSync(rules, `domain: shop
 descriptors:
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 3, alignment: first_request}
+  - key: spender
+    rate_limit: {algorithm: token_bucket, unit: second, requests_per_unit: 20, burst: 40}
 `);
+// A user name as long as real ones get (an email, a UUID): its counter key has no space to
+// wrap at.
+const alice = "alice-" + "0123456789abcdef".repeat(5) + "@example.com";
+
+// Every table cell lies within its section: none is cut off or pushed out of view, and the page
+// needs no sideways scrolling.
+async function nothingClipped(page) {
+  const clipped = await page.evaluate(() => {
+    const out = [];
+    for (const cell of document.querySelectorAll("th, td")) {
+      const box = cell.closest("section").getBoundingClientRect();
+      const r = cell.getBoundingClientRect();
+      if (r.width > 0 && (r.left < box.left - 0.5 || r.right > box.right + 0.5)) {
+        out.push(`"${cell.textContent}" (${Math.round(r.left)}-${Math.round(r.right)} in ` +
+          `${Math.round(box.left)}-${Math.round(box.right)})`);
+      }
+    }
+    if (document.documentElement.scrollWidth > window.innerWidth) {
+      out.push(`the page is ${document.documentElement.scrollWidth} px wide`);
+    }
+    return out;
+  });
+  if (clipped.length) throw new Error("clipped at 1400 px: " + clipped.join(", "));
+}
 const [http, grpc] = [await freePort(), await freePort()];
 const server = spawn(process.env.SLUICE_BIN, ["serve", "--config", rules,
   "--http-addr", `127.0.0.1:${http}`, "--grpc-addr", `127.0.0.1:${grpc}`,
@@ -57,7 +84,7 @@ let failed = false;
 try {
   await until("sluice to answer /healthz", async () => (await fetch(base + "/healthz")).ok);
   browser = await chromium.launch({ executablePath: process.env.CHROMIUM, args: ["--no-sandbox"] });
-  const page = await browser.newPage({ viewport: { width: 1300, height: 1000 } });
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
   const errors = [];
   page.on("pageerror", e => errors.push(String(e)));
   await page.goto(base + "/dashboard");
@@ -69,22 +96,34 @@ try {
   // request: one aligned to the clock could end among the five and let a fourth through.
   for (let i = 0; i < 5; i++) {
     await fetch(base + "/json", { method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify({ domain: "shop", descriptors: [{ entries: [{ key: "user", value: "alice" }] }] }) });
+      body: JSON.stringify({ domain: "shop", descriptors: [{ entries: [{ key: "user", value: alice }] }] }) });
   }
   await until("the counts on the page to move", async () =>
     (await text("#allowed-total")) === "3" && (await text("#limited-total")) === "2");
   if ((await text("#decisions-total")) !== "5") throw new Error("the total is not 5");
-  await until("alice among the most limited", async () => (await text("#top")).includes("user=alice"));
+  await until("alice among the most limited", async () => (await text("#top")).includes("user=" + alice));
+
+  // The plot has its axes: decisions per second from 0 to the top, and the time below.
+  const axes = page.locator("#rules-activity .plot").first();
+  const y = await axes.locator(".y-axis").textContent();
+  if (!/^\d+\/s0$/.test(y)) throw new Error(`the plot's y axis reads "${y}"`);
+  const x = await axes.locator(".x-axis span").allTextContents();
+  if (x.length !== 2 || x.some(t => !/\d:\d\d/.test(t))) throw new Error(`the x axis reads ${x}`);
+  // The bucket is shown as what it is, not as "40 per second".
+  if (!(await text("#rules")).includes("20 per second, burst 40")) throw new Error("the bucket's limit");
+  await nothingClipped(page);
 
   // An invalid rule file: the reload fails, the page says where, the old rules stay.
   writeFileSync(rules, "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 3}\n");
   await until("the failed reload on the page", async () =>
     ((await page.textContent("#reloads li.failed")) || "").includes("rules.yaml:4:"));
   const rows = await page.locator("#rules tr").count();
-  if (rows !== 1) throw new Error(`the old rule should stay in force, the page lists ${rows} rows`);
+  if (rows !== 2) throw new Error(`the old rules should stay in force, the page lists ${rows} rows`);
+  await nothingClipped(page);
   await page.screenshot({ path: screenshot, fullPage: true });
   if (errors.length) throw new Error("errors in the page: " + errors.join("; "));
-  console.log(`dashboard: counts moved, the failed reload shows; screenshot in ${screenshot}`);
+  console.log(`dashboard: counts moved on plots with axes, nothing clipped at 1400 px, the ` +
+    `failed reload shows; screenshot in ${screenshot}`);
 } catch (e) {
   failed = true;
   console.error("dashboard test failed:", e.message);
