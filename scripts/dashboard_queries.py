@@ -8,7 +8,8 @@ Prometheus (Debian's `prometheus`) scraping both every second with the alert rul
 deploy/prometheus/ loaded; sends traffic that admits, refuses and shadow-refuses; then asks Prometheus each panel's query, with Grafana's variables
 put in as a dashboard showing everything would, until every query returns at least one series.
 Also checks that every `sluice_*` metric the dashboard and the alert rules name is one that
-Sluice serves, and that the alert rules evaluate without errors on live data.
+Sluice serves, that the alert rules evaluate without errors on live data, and that a refused
+rule reload fires SluiceRuleReloadFailed.
 
 Bounded: each wait has a deadline, and every process started here is ended by its PID.
 
@@ -93,14 +94,17 @@ def query(prometheus, expr):
 
 
 def panel_queries(dashboard):
-    """(panel title, query) for every target of every panel, rows' panels included."""
+    """(panel title, query) for every target of every panel, rows' panels included, and
+    (annotation name, query) for every annotation that queries Prometheus."""
     def walk(panels):
         for p in panels:
             yield from walk(p.get("panels", []))
             for t in p.get("targets", []):
                 if t.get("expr"):
                     yield p["title"], t["expr"]
-    return list(walk(dashboard["panels"]))
+    annotations = [(a["name"], a["expr"]) for a in dashboard.get("annotations", {}).get("list", [])
+                   if a.get("expr")]
+    return list(walk(dashboard["panels"])) + annotations
 
 
 def substitute(expr):
@@ -253,6 +257,22 @@ def main():
         sender = threading.Thread(target=traffic, args=(targets, stop), daemon=True)
         sender.start()
 
+        # A rule change the hybrid instance reloads, then an invalid file it refuses: the
+        # reload panels and annotation have something to show, and SluiceRuleReloadFailed
+        # something to fire on.
+        hybrid_metrics = f"http://{instances['sluice-hybrid']}/metrics"
+        wait_for("Prometheus scrapes the rules before the change", 30, lambda: query(
+            prometheus_addr,
+            f'sluice_rule_reloads_total{{instance="{instances["sluice-hybrid"]}"}} == 0'))
+        with open(hybrid_rules, "w") as f:
+            f.write(HYBRID_RULES.replace("requests_per_unit: 5", "requests_per_unit: 6"))
+        wait_for("the changed rules are reloaded", 30,
+                 lambda: "sluice_rule_reloads_total 1" in get(hybrid_metrics)[1])
+        with open(hybrid_rules, "w") as f:
+            f.write(HYBRID_RULES.replace("unit: second", "unit: fortnight"))
+        wait_for("the invalid rules are refused", 30,
+                 lambda: "sluice_rule_reload_failures_total 1" in get(hybrid_metrics)[1])
+
         empty = {}
 
         def every_query_has_series():
@@ -292,10 +312,14 @@ def main():
         refusing = query(prometheus_addr, "sluice:refusals:rate5m")
         if not refusing:
             sys.exit("dashboard_queries: sluice:refusals:rate5m holds no rule")
+        # The refused reload fires its alert on the live series.
+        wait_for("SluiceRuleReloadFailed fires", 30, lambda: query(
+            prometheus_addr, 'ALERTS{alertname="SluiceRuleReloadFailed", alertstate="firing"}'))
 
-        print(f"dashboard_queries: {len(queries)} queries of "
-              f"{len({t for t, _ in queries})} panels return series; "
-              f"{len(named)} metric names served; alert rules healthy on live data")
+        print(f"dashboard_queries: all {len(queries)} queries of the panels and annotations "
+              "return series; "
+              f"{len(named)} metric names served; alert rules healthy on live data, "
+              "SluiceRuleReloadFailed fired on a refused reload")
     finally:
         stop.set()
         if sender:
