@@ -8,8 +8,8 @@
 //! so it sees nothing but the image's files and the ones the test lays in it as Kubernetes
 //! would mount them: Envoy Gateway's environment (`/bin/ratelimit`, rules under `RUNTIME_ROOT`,
 //! gRPC over TLS with the certificates in `/certs`, Redis over TLS with its CA in
-//! `/redis-certs`), and `sluice serve` as `deploy/kubernetes/` runs it (the image's own
-//! command, rules from a ConfigMap laid out with `..data`, Redis).
+//! `/redis-certs`), and `/bin/sluice serve` as `deploy/kubernetes/` runs it (rules from a
+//! ConfigMap laid out with `..data`, Redis).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
