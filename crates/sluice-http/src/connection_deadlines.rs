@@ -16,7 +16,17 @@
 //! - gracefully (h2 `GOAWAY`, so a client that sends a request at the same moment knows it was
 //!   not served and can retry it), when nothing has been in flight for `idle`; a connection that
 //!   does not finish closing within `header_read` more is dropped;
-//! - gracefully, when the listener stops.
+//! - gracefully, when the listener stops: at once when answers are in flight (hyper's
+//!   HTTP/1.1 then answers with `Connection: close` and closes after the last) or the
+//!   connection speaks h2 (`GOAWAY`, which tells the client which of its streams were not
+//!   served, so none is lost unknowingly); an HTTP/1.1 connection with nothing in flight is
+//!   still read for [`ConnectionLimits::drain`] first. Closed at once, a request its client had
+//!   already sent (it arrived with the stop, or was still arriving) was cut off unread, and the
+//!   client saw the connection end without an answer: for a `POST` that may have consumed
+//!   quota, it cannot tell whether to send it again. Draining, such a request is answered as
+//!   usual, with `Connection: close` (added by the listener's service, which asks
+//!   [`InFlight::draining`]), and hyper closes the connection after it. A client that sends
+//!   nothing within the drain is closed while idle, which every HTTP/1.1 client must expect.
 //!
 //! An answer is in flight from its request head until its body has been sent or dropped
 //! ([`Tracked`]), so a long answer (a proxied download) never counts as idle.
@@ -47,6 +57,10 @@ struct Shared {
     started: Instant,
     /// Whether any request head has arrived.
     requested: AtomicBool,
+    /// Whether a request came over h2, which closes without losing any with `GOAWAY`.
+    h2: AtomicBool,
+    /// Whether the listener has stopped: every answer from now on is the connection's last.
+    draining: AtomicBool,
     /// Answers begun and not yet sent or dropped.
     in_flight: AtomicUsize,
     /// When the last answer in flight ended, in milliseconds since `started`.
@@ -60,16 +74,22 @@ impl Activity {
             shared: Arc::new(Shared {
                 started: Instant::now(),
                 requested: AtomicBool::new(false),
+                h2: AtomicBool::new(false),
+                draining: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 idle_since_ms: AtomicU64::new(0),
             }),
         }
     }
 
-    /// A request's head has arrived: it is in flight until the returned guard is dropped (with
-    /// the answer's body, [`Tracked`], or with the service's future if it never answers).
-    pub fn begin(&self) -> InFlight {
+    /// A request's head has arrived, over HTTP `version`: it is in flight until the returned
+    /// guard is dropped (with the answer's body, [`Tracked`], or with the service's future if
+    /// it never answers).
+    pub fn begin(&self, version: http::Version) -> InFlight {
         self.shared.requested.store(true, Ordering::Relaxed);
+        if version == http::Version::HTTP_2 {
+            self.shared.h2.store(true, Ordering::Relaxed);
+        }
         self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight {
             shared: Arc::clone(&self.shared),
@@ -127,6 +147,14 @@ pub struct InFlight {
     shared: Arc<Shared>,
 }
 
+impl InFlight {
+    /// Whether the listener has stopped since the connection was accepted: an HTTP/1.1 answer
+    /// should then say `Connection: close`, since the connection closes after it.
+    pub fn draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Relaxed)
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         let s = &self.shared;
@@ -175,9 +203,10 @@ impl<B: Body> Body for Tracked<B> {
 }
 
 /// Serves `connection` to its end under the deadlines of `limits`, as `activity` (given to its
-/// service) tells what it has seen; closes it gracefully once `stopped` turns true, and then
-/// waits for the requests in flight (the caller bounds how long). Returns how it ended; a
-/// connection dropped at a deadline ended without error.
+/// service) tells what it has seen; closes it gracefully once `stopped` turns true (after the
+/// drain, for an HTTP/1.1 connection with nothing in flight), and then waits for the requests
+/// in flight (the caller bounds how long). Returns how it ended; a connection dropped at a
+/// deadline ended without error.
 pub fn drive<C>(
     connection: C,
     activity: Activity,
@@ -207,10 +236,17 @@ where
     // Once closing: until when it may take (`None` when the listener stops, which the caller
     // bounds).
     let mut closing: Option<Option<Instant>> = None;
+    // Once the listener has stopped and the connection is still read: until when.
+    let mut draining: Option<Instant> = None;
     loop {
         let wake = match closing {
+            None if draining.is_some_and(|until| Instant::now() >= until) => {
+                connection.as_mut().graceful_shutdown();
+                closing = Some(None);
+                None
+            }
             None => match activity.next(Instant::now(), &limits) {
-                Next::At(at) => Some(at),
+                Next::At(at) => Some(draining.map_or(at, |until| at.min(until))),
                 Next::Abandon => {
                     tracing::debug!(
                         timeout = ?limits.header_read,
@@ -229,10 +265,20 @@ where
             Some(until) => until,
         };
         tokio::select! {
+            // The connection first: what its client sent before the stop is read before the
+            // stop is looked at.
+            biased;
             ended = connection.as_mut() => return ended,
-            _ = stopped.wait_for(|s| *s), if closing.is_none() => {
-                connection.as_mut().graceful_shutdown();
-                closing = Some(None);
+            _ = stopped.wait_for(|s| *s), if closing.is_none() && draining.is_none() => {
+                let s = &activity.shared;
+                s.draining.store(true, Ordering::Relaxed);
+                let h2 = s.h2.load(Ordering::Relaxed);
+                if h2 || s.in_flight.load(Ordering::Acquire) > 0 {
+                    connection.as_mut().graceful_shutdown();
+                    closing = Some(None);
+                } else {
+                    draining = Some(Instant::now() + limits.drain);
+                }
             }
             () = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
                 if matches!(closing, Some(Some(until)) if Instant::now() >= until) {
@@ -292,6 +338,37 @@ mod tests {
             );
         }
         service.shutdown().await;
+    }
+
+    /// On stopping, an HTTP/1.1 connection with nothing in flight is still read for the drain,
+    /// then closed; one with no request yet, too.
+    #[tokio::test(start_paused = true)]
+    async fn stopping_closes_an_idle_connection_at_the_end_of_the_drain() {
+        let limits = ConnectionLimits {
+            header_read: Duration::from_secs(3600),
+            drain: Duration::from_secs(5),
+            ..ConnectionLimits::default()
+        };
+        let (service, addr) = serving(limits).await;
+        let mut kept_alive = TcpStream::connect(addr).await.unwrap();
+        kept_alive
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = [0; 12];
+        kept_alive.read_exact(&mut answer).await.unwrap();
+        let silent = TcpStream::connect(addr).await.unwrap();
+        let stopped_at = Instant::now();
+        let stopping = tokio::spawn(service.shutdown());
+        for socket in [kept_alive, silent] {
+            closed_after(socket).await;
+            let held = stopped_at.elapsed();
+            assert!(
+                (Duration::from_secs(5)..Duration::from_secs(6)).contains(&held),
+                "held {held:?} after the stop"
+            );
+        }
+        stopping.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

@@ -236,7 +236,7 @@ async fn serve_connections(
         let activity = Activity::new();
         let (routes, seen) = (serving.routes.clone(), activity.clone());
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-            let in_flight = seen.begin();
+            let in_flight = seen.begin(request.version());
             let request = request.map(|body| BodyDeadline::new(body, limits.header_read));
             let answer = routes.route(request);
             async move {
