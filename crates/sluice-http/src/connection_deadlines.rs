@@ -29,7 +29,10 @@
 //!   nothing within the drain is closed while idle, which every HTTP/1.1 client must expect.
 //!
 //! An answer is in flight from its request head until its body has been sent or dropped
-//! ([`Tracked`]), so a long answer (a proxied download) never counts as idle.
+//! ([`Tracked`]), so a long answer (a proxied download) never counts as idle. A later h2
+//! request head is bounded too: one whose header block stays open for `header_read` closes
+//! the connection at once ([`HeaderBlocks`](crate::header_blocks::HeaderBlocks) tells when a
+//! block opens).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -39,7 +42,7 @@ use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::server::graceful::GracefulConnection;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, sleep_until};
 
 use crate::serve::ConnectionLimits;
@@ -65,7 +68,15 @@ struct Shared {
     in_flight: AtomicUsize,
     /// When the last answer in flight ended, in milliseconds since `started`.
     idle_since_ms: AtomicU64,
+    /// When the h2 header block being received opened, in milliseconds since `started`;
+    /// [`NO_BLOCK`] when none is open.
+    block_since_ms: AtomicU64,
+    /// Told when a header block opens, so that the connection's deadline is looked at again.
+    block_opened: Notify,
 }
+
+/// No header block open.
+const NO_BLOCK: u64 = u64::MAX;
 
 impl Activity {
     /// A connection accepted now, which has sent nothing yet.
@@ -78,6 +89,8 @@ impl Activity {
                 draining: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 idle_since_ms: AtomicU64::new(0),
+                block_since_ms: AtomicU64::new(NO_BLOCK),
+                block_opened: Notify::new(),
             }),
         }
     }
@@ -96,9 +109,38 @@ impl Activity {
         }
     }
 
+    /// An h2 header block (a request's head) has opened, or the one open has ended.
+    pub fn header_block(&self, open: bool) {
+        let s = &self.shared;
+        if open {
+            s.block_since_ms
+                .store(s.millis_since_start(), Ordering::Release);
+            s.block_opened.notify_one();
+        } else {
+            s.block_since_ms.store(NO_BLOCK, Ordering::Release);
+        }
+    }
+
     /// When the connection should next be looked at, and whether it must close then, as of
-    /// `now`.
+    /// `now`: as [`next_for_requests`](Self::next_for_requests) says, or sooner when a header
+    /// block has been open for `header_read`.
     fn next(&self, now: Instant, limits: &ConnectionLimits) -> Next {
+        let next = self.next_for_requests(now, limits);
+        let since = self.shared.block_since_ms.load(Ordering::Acquire);
+        if since == NO_BLOCK {
+            return next;
+        }
+        let deadline = self.shared.started + Duration::from_millis(since) + limits.header_read;
+        match next {
+            _ if now >= deadline => Next::Abandon,
+            Next::At(at) => Next::At(at.min(deadline)),
+            other => other,
+        }
+    }
+
+    /// When the connection should next be looked at for its requests (the first head's
+    /// deadline, the idle timeout), and whether it must close then, as of `now`.
+    fn next_for_requests(&self, now: Instant, limits: &ConnectionLimits) -> Next {
         let s = &self.shared;
         if !s.requested.load(Ordering::Relaxed) {
             let deadline = s.started + limits.header_read;
@@ -135,7 +177,8 @@ impl Default for Activity {
 enum Next {
     /// Look again then.
     At(Instant),
-    /// No request head within the header deadline: drop it.
+    /// No request head within the header deadline (the first, or a header block open that
+    /// long): drop it.
     Abandon,
     /// Idle too long: close it gracefully.
     Close,
@@ -155,10 +198,16 @@ impl InFlight {
     }
 }
 
+impl Shared {
+    fn millis_since_start(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(NO_BLOCK - 1)
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         let s = &self.shared;
-        let since = u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let since = s.millis_since_start();
         // Written before the count falls, so whoever sees it at zero sees this time too.
         s.idle_since_ms.fetch_max(since, Ordering::AcqRel);
         s.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -269,6 +318,8 @@ where
             // stop is looked at.
             biased;
             ended = connection.as_mut() => return ended,
+            // A header block opened: its deadline may be the nearest.
+            () = activity.shared.block_opened.notified(), if closing.is_none() => {}
             _ = stopped.wait_for(|s| *s), if closing.is_none() && draining.is_none() => {
                 let s = &activity.shared;
                 s.draining.store(true, Ordering::Relaxed);

@@ -1,5 +1,6 @@
 //! Serving connections with the limits a public listener needs: a client must send its request
-//! head within a time (a slowloris holding connections open by trickling headers is closed), an
+//! head within a time (a slowloris holding connections open by trickling headers is closed, an
+//! h2 one too: [`header_blocks`](crate::header_blocks)), an
 //! h2 client that stops answering pings is dropped, one that sends nothing or stays idle is
 //! closed ([`connection_deadlines`](crate::connection_deadlines)), connections are capped in total and per
 //! client address, running out of file descriptors slows accepting instead of spinning, and
@@ -21,6 +22,7 @@ use tower_service::Service;
 
 use crate::PeerAddr;
 use crate::connection_deadlines::{Activity, Tracked, drive};
+use crate::header_blocks::HeaderBlocks;
 
 /// How many connections a listener holds, and how long they may take and stay idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,6 +200,7 @@ pub async fn serve_connections<S, B>(
                 Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight)))
             }
         });
+        let stream = HeaderBlocks::new(stream, activity.clone());
         let connection = builder
             .serve_connection(TokioIo::new(stream), with_peer)
             .into_owned();
