@@ -163,7 +163,13 @@ impl Body for Unary {
         self.data.is_none() && self.trailers.is_none()
     }
 
+    /// At least the message, with no upper bound: hyper turns an exact size into a
+    /// `content-length`, which no gRPC server sends (the trailers follow the message), and with
+    /// which a client that trusts it (`curl --http2-prior-knowledge`) stops reading before the
+    /// trailers and never sees `grpc-status`.
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.data.as_ref().map_or(0, |d| d.len() as u64));
+        hint
     }
 }

@@ -308,3 +308,52 @@ async fn unknown_grpc_services_and_methods_are_unimplemented() {
     assert_eq!(answer.overall_code, Code::Ok as i32);
     assert_eq!(answer.statuses[0].limit_remaining, 2);
 }
+
+/// A gRPC answer has no `content-length` (no gRPC server sends one: the trailers follow the
+/// message, and a client that trusts the length, as `curl --http2-prior-knowledge` does, never
+/// reads `grpc-status`), and ends with its status in the trailers, for `ShouldRateLimit` and
+/// the health service alike.
+#[tokio::test]
+async fn grpc_answers_carry_no_content_length_and_end_with_their_status() {
+    use bytes::Bytes;
+    use prost::Message;
+    let h = Harness::start().await;
+    let addr = h.server.grpc_addr();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let should_rate_limit = one(&[("client", "a")]).encode_to_vec();
+    for (path, message) in [
+        (
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            should_rate_limit,
+        ),
+        ("/grpc.health.v1.Health/Check", Vec::new()),
+    ] {
+        let mut send = send.clone().ready().await.unwrap();
+        let request = http::Request::post(format!("http://{addr}{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (answer, mut body) = send.send_request(request, false).unwrap();
+        let mut framed = vec![0];
+        framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+        framed.extend_from_slice(&message);
+        body.send_data(Bytes::from(framed), true).unwrap();
+        let answer = answer.await.unwrap();
+        assert_eq!(answer.status(), 200, "{path}");
+        assert!(
+            answer.headers().get("content-length").is_none(),
+            "{path}: {:?}",
+            answer.headers()
+        );
+        let mut body = answer.into_body();
+        while let Some(data) = body.data().await {
+            let data = data.unwrap();
+            let _ = body.flow_control().release_capacity(data.len());
+        }
+        let trailers = body.trailers().await.unwrap().expect("trailers");
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0", "{path}");
+    }
+}
