@@ -309,6 +309,67 @@ async fn unknown_grpc_services_and_methods_are_unimplemented() {
     assert_eq!(answer.statuses[0].limit_remaining, 2);
 }
 
+/// 65 descriptors, the last of which does not even decode (its entry's key is not UTF-8), are
+/// refused for their number: the counts are checked on the wire, before decoding builds every
+/// descriptor of the message (a 64 KiB message holds 32,000 empty ones). So is a descriptor's
+/// 33rd entry.
+#[tokio::test]
+async fn too_many_descriptors_or_entries_are_refused_before_the_message_is_decoded() {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RawEntry {
+        #[prost(bytes = "vec", tag = "1")]
+        key: Vec<u8>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RawDescriptor {
+        #[prost(message, repeated, tag = "1")]
+        entries: Vec<RawEntry>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RawRequest {
+        #[prost(string, tag = "1")]
+        domain: String,
+        #[prost(message, repeated, tag = "2")]
+        descriptors: Vec<RawDescriptor>,
+    }
+    let entry = |key: &[u8]| RawEntry { key: key.to_vec() };
+    let fine = RawDescriptor {
+        entries: vec![entry(b"client")],
+    };
+    let broken = RawDescriptor {
+        entries: vec![entry(&[0xff, 0xfe])],
+    };
+    let mut many_descriptors = vec![fine.clone(); 64];
+    many_descriptors.push(broken.clone());
+    let mut many_entries = vec![entry(b"client"); 32];
+    many_entries.push(entry(&[0xff, 0xfe]));
+    let h = Harness::start().await;
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    for (descriptors, needle) in [
+        (
+            many_descriptors,
+            "`descriptors` has 65, more than the limit of 64",
+        ),
+        (
+            vec![
+                fine,
+                RawDescriptor {
+                    entries: many_entries,
+                },
+            ],
+            "`descriptors[1].entries` has 33, more than the limit of 32",
+        ),
+    ] {
+        let message = RawRequest {
+            domain: "shop".into(),
+            descriptors,
+        };
+        let status = unary(h.channel().await, path, message).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(needle), "{}", status.message());
+    }
+}
+
 /// A gRPC answer has no `content-length` (no gRPC server sends one: the trailers follow the
 /// message, and a client that trusts the length, as `curl --http2-prior-knowledge` does, never
 /// reads `grpc-status`), and ends with its status in the trailers, for `ShouldRateLimit` and
