@@ -159,6 +159,30 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// The wire refuses exactly the messages whose counts are past the bounds, whatever
+        /// the mix of descriptor sizes.
+        #[test]
+        fn refuses_exactly_the_counts_past_the_bounds(
+            entries in proptest::collection::vec(0usize..40, 0..80)
+        ) {
+            let request = RateLimitRequest {
+                domain: "shop".into(),
+                descriptors: entries
+                    .iter()
+                    .map(|&n| RateLimitDescriptor {
+                        entries: vec![Entry { key: "k".into(), value: "v".into() }; n],
+                        ..Default::default()
+                    })
+                    .collect(),
+                hits_addend: 1,
+            };
+            let past = entries.len() > MAX_DESCRIPTORS
+                || entries.iter().any(|&n| n > MAX_ENTRIES);
+            proptest::prop_assert_eq!(check(&request.encode_to_vec()).is_err(), past);
+        }
+    }
+
     #[test]
     fn what_it_cannot_read_is_left_to_the_decoder() {
         for broken in [&[0x12, 0x05, 0x00][..], &[0x80], &[0x13], &[0x09, 0, 0]] {
