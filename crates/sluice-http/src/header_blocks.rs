@@ -124,9 +124,11 @@ impl Frames {
     }
 
     /// Follows the framing through `bytes`; returns whether a header block is open after them
-    /// when that changed.
+    /// when that changed, or `Some(true)` when the block open after them began in them (so
+    /// that its time counts from now, not from an earlier block's start).
     fn scan(&mut self, mut bytes: &[u8]) -> Option<bool> {
         let was_open = self.open;
+        let mut began = false;
         if self.preface < PREFACE.len() {
             let n = bytes.len().min(PREFACE.len() - self.preface);
             if bytes[..n] != PREFACE[self.preface..self.preface + n] {
@@ -154,11 +156,17 @@ impl Frames {
                     usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
                 let ends = h[4] & END_HEADERS != 0;
                 match h[3] {
-                    HEADERS | PUSH_PROMISE => self.open = !ends,
+                    HEADERS | PUSH_PROMISE => {
+                        self.open = !ends;
+                        began = !ends;
+                    }
                     CONTINUATION if ends => self.open = false,
                     _ => {}
                 }
             }
+        }
+        if self.open && began {
+            return Some(true);
         }
         (self.open != was_open).then_some(self.open)
     }
@@ -198,6 +206,22 @@ mod tests {
             assert!(!closed.1 && closed.0 > closed_at, "{chunk}: {changes:?}");
             assert_eq!(changes.len(), 2, "{chunk}: {changes:?}");
         }
+    }
+
+    #[test]
+    fn a_block_that_begins_as_another_ends_is_told_as_new() {
+        let mut frames = Frames::default();
+        let mut first = PREFACE.to_vec();
+        first.extend(frame(HEADERS, 0, &[0x82]));
+        assert_eq!(frames.scan(&first), Some(true));
+        let mut next = frame(CONTINUATION, END_HEADERS, &[0x84]);
+        next.extend(frame(HEADERS, 0, &[0x82]));
+        assert_eq!(
+            frames.scan(&next),
+            Some(true),
+            "the second block's own start"
+        );
+        assert_eq!(frames.scan(&frame(CONTINUATION, 0, &[0x84])), None);
     }
 
     #[test]
