@@ -162,8 +162,10 @@ pub fn http_api(data: &[u8]) {
 }
 
 /// Envoy's `RateLimitRequest` as protobuf: decoded, converted, decided and answered, or refused
-/// as invalid.
+/// as invalid. A message the wire check refuses (too many descriptors or entries, counted
+/// before decoding) is one the whole path refuses too.
 pub fn envoy_proto(data: &[u8]) {
+    let refused_on_the_wire = sluice_server::wire_bounds::check(data).is_err();
     let Ok(message) = RateLimitRequest::decode(data) else {
         return;
     };
@@ -171,6 +173,10 @@ pub fn envoy_proto(data: &[u8]) {
     let Ok(request) = to_limit_request(message) else {
         return;
     };
+    assert!(
+        !refused_on_the_wire || request.validate().is_err(),
+        "refused on the wire, valid once decoded"
+    );
     let s = shared();
     if let Ok(verdict) = s.runtime.block_on(s.limiter.decide(&request)) {
         let response = to_response(&verdict, descriptors);

@@ -505,3 +505,22 @@ async fn an_h2_upstream_carries_every_request_on_one_connection() {
     );
     assert_eq!(up.connections(), 1);
 }
+
+/// 100 kept-alive clients of the gateway each send a request as it stops: every one is
+/// answered, forwarded to the upstream as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_answers_every_request_sent_on_a_kept_alive_connection() {
+    let (limiter, _clock, _dir) = limiter(RULES);
+    let up = upstream().await;
+    let gw = gateway(limiter, up.addr, |_| {}).await;
+    let addr = gw.proxy.local_addr();
+    let request = b"POST /count HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nsent";
+    let (unanswered, statuses) =
+        sluice_testing::stopping::sent_while_stopping(addr, 100, request, gw.proxy.shutdown())
+            .await;
+    assert_eq!(unanswered, 0, "of 100 requests sent while stopping");
+    assert!(
+        statuses.iter().all(|s| s == "http/1.1 200 ok"),
+        "{statuses:?}"
+    );
+}

@@ -81,9 +81,22 @@ async fn readyz(State(state): State<AdminState>) -> Response {
     }
 }
 
-/// `GET /metrics`: the limiter's metrics in the OpenMetrics text format.
+/// `GET /metrics`: the limiter's metrics in the OpenMetrics text format, one page shared by the
+/// scrapes of a second; `503` with `Retry-After` while clients that never read their answers
+/// hold every page the limiter keeps ([`sluice_limiter::metrics_page`]).
 pub async fn metrics(State(state): State<AdminState>) -> Response {
-    let mut response = state.limiter.render_metrics().into_response();
+    let page = match state.limiter.metrics_page() {
+        Ok(page) => page,
+        Err(held) => {
+            let mut refused =
+                Problem::new(StatusCode::SERVICE_UNAVAILABLE, held.to_string()).into_response();
+            refused
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return refused;
+        }
+    };
+    let mut response = page.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -306,5 +319,60 @@ mod tests {
             HeaderValue::from_static("Basic s3cret"),
         );
         assert!(admit_admin(Some("s3cret"), remote, &basic).is_err());
+    }
+
+    /// A scrape that comes while another's answer is still unread gets the same page, even
+    /// when decisions came between them; clients that never read their answers hold at most
+    /// `MAX_PAGES` pages, and a scrape that would need one more is `503` until one is given
+    /// back. (Rendered for each scrape, 100 such clients held 100 pages.)
+    #[tokio::test(start_paused = true)]
+    async fn scrapes_share_a_page_and_stalled_ones_hold_a_bounded_number() {
+        use sluice_limiter::metrics_page::{MAX_PAGES, PAGE_FRESH_FOR};
+        use sluice_limiter::{LimitRequest, RequestDescriptor};
+
+        let (limiter, _clock, _dir) = sluice_testing::limiter(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n",
+        );
+        let state = AdminState {
+            limiter: Arc::clone(&limiter),
+            admin_token: None,
+        };
+        let request = LimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RequestDescriptor::new([("k", "v")])],
+            cost: 1,
+        };
+        let page = |answer: Response| async move {
+            assert_eq!(answer.status(), StatusCode::OK);
+            // A copy: the page itself would stay held.
+            let page = axum::body::to_bytes(answer.into_body(), usize::MAX).await;
+            String::from_utf8(page.unwrap().to_vec()).unwrap()
+        };
+        let unread = metrics(State(state.clone())).await;
+        limiter.decide(&request).await.unwrap();
+        let shared = page(metrics(State(state.clone())).await).await;
+        let first = page(unread).await;
+        assert_eq!(first, shared, "one page while an answer still holds it");
+        let after = page(metrics(State(state.clone())).await).await;
+        assert_ne!(
+            after, first,
+            "scrapes one after another see the counters move"
+        );
+
+        let mut unread = Vec::new();
+        for _ in 0..MAX_PAGES {
+            tokio::time::advance(PAGE_FRESH_FOR).await;
+            limiter.decide(&request).await.unwrap();
+            let answer = metrics(State(state.clone())).await;
+            assert_eq!(answer.status(), StatusCode::OK);
+            unread.push(answer);
+        }
+        tokio::time::advance(PAGE_FRESH_FOR).await;
+        let refused = metrics(State(state.clone())).await;
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
+        unread.pop();
+        let fresh = page(metrics(State(state.clone())).await).await;
+        assert_ne!(fresh, first, "a page rendered anew");
     }
 }

@@ -16,10 +16,23 @@
 //! - gracefully (h2 `GOAWAY`, so a client that sends a request at the same moment knows it was
 //!   not served and can retry it), when nothing has been in flight for `idle`; a connection that
 //!   does not finish closing within `header_read` more is dropped;
-//! - gracefully, when the listener stops.
+//! - gracefully, when the listener stops: at once when answers are in flight (hyper's
+//!   HTTP/1.1 then answers with `Connection: close` and closes after the last) or the
+//!   connection speaks h2 (`GOAWAY`, which tells the client which of its streams were not
+//!   served, so none is lost unknowingly); an HTTP/1.1 connection with nothing in flight is
+//!   still read for [`ConnectionLimits::drain`] first. Closed at once, a request its client had
+//!   already sent (it arrived with the stop, or was still arriving) was cut off unread, and the
+//!   client saw the connection end without an answer: for a `POST` that may have consumed
+//!   quota, it cannot tell whether to send it again. Draining, such a request is answered as
+//!   usual, with `Connection: close` (added by the listener's service, which asks
+//!   [`InFlight::draining`]), and hyper closes the connection after it. A client that sends
+//!   nothing within the drain is closed while idle, which every HTTP/1.1 client must expect.
 //!
 //! An answer is in flight from its request head until its body has been sent or dropped
-//! ([`Tracked`]), so a long answer (a proxied download) never counts as idle.
+//! ([`Tracked`]), so a long answer (a proxied download) never counts as idle. A later h2
+//! request head is bounded too: one whose header block stays open for `header_read` closes
+//! the connection at once ([`HeaderBlocks`](crate::header_blocks::HeaderBlocks) tells when a
+//! block opens).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,7 +42,7 @@ use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::server::graceful::GracefulConnection;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, sleep_until};
 
 use crate::serve::ConnectionLimits;
@@ -47,11 +60,23 @@ struct Shared {
     started: Instant,
     /// Whether any request head has arrived.
     requested: AtomicBool,
+    /// Whether a request came over h2, which closes without losing any with `GOAWAY`.
+    h2: AtomicBool,
+    /// Whether the listener has stopped: every answer from now on is the connection's last.
+    draining: AtomicBool,
     /// Answers begun and not yet sent or dropped.
     in_flight: AtomicUsize,
     /// When the last answer in flight ended, in milliseconds since `started`.
     idle_since_ms: AtomicU64,
+    /// When the h2 header block being received opened, in milliseconds since `started`;
+    /// [`NO_BLOCK`] when none is open.
+    block_since_ms: AtomicU64,
+    /// Told when a header block opens, so that the connection's deadline is looked at again.
+    block_opened: Notify,
 }
+
+/// No header block open.
+const NO_BLOCK: u64 = u64::MAX;
 
 impl Activity {
     /// A connection accepted now, which has sent nothing yet.
@@ -60,25 +85,62 @@ impl Activity {
             shared: Arc::new(Shared {
                 started: Instant::now(),
                 requested: AtomicBool::new(false),
+                h2: AtomicBool::new(false),
+                draining: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 idle_since_ms: AtomicU64::new(0),
+                block_since_ms: AtomicU64::new(NO_BLOCK),
+                block_opened: Notify::new(),
             }),
         }
     }
 
-    /// A request's head has arrived: it is in flight until the returned guard is dropped (with
-    /// the answer's body, [`Tracked`], or with the service's future if it never answers).
-    pub fn begin(&self) -> InFlight {
+    /// A request's head has arrived, over HTTP `version`: it is in flight until the returned
+    /// guard is dropped (with the answer's body, [`Tracked`], or with the service's future if
+    /// it never answers).
+    pub fn begin(&self, version: http::Version) -> InFlight {
         self.shared.requested.store(true, Ordering::Relaxed);
+        if version == http::Version::HTTP_2 {
+            self.shared.h2.store(true, Ordering::Relaxed);
+        }
         self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight {
             shared: Arc::clone(&self.shared),
         }
     }
 
+    /// An h2 header block (a request's head) has opened, or the one open has ended.
+    pub fn header_block(&self, open: bool) {
+        let s = &self.shared;
+        if open {
+            s.block_since_ms
+                .store(s.millis_since_start(), Ordering::Release);
+            s.block_opened.notify_one();
+        } else {
+            s.block_since_ms.store(NO_BLOCK, Ordering::Release);
+        }
+    }
+
     /// When the connection should next be looked at, and whether it must close then, as of
-    /// `now`.
+    /// `now`: as [`next_for_requests`](Self::next_for_requests) says, or sooner when a header
+    /// block has been open for `header_read`.
     fn next(&self, now: Instant, limits: &ConnectionLimits) -> Next {
+        let next = self.next_for_requests(now, limits);
+        let since = self.shared.block_since_ms.load(Ordering::Acquire);
+        if since == NO_BLOCK {
+            return next;
+        }
+        let deadline = self.shared.started + Duration::from_millis(since) + limits.header_read;
+        match next {
+            _ if now >= deadline => Next::Abandon,
+            Next::At(at) => Next::At(at.min(deadline)),
+            other => other,
+        }
+    }
+
+    /// When the connection should next be looked at for its requests (the first head's
+    /// deadline, the idle timeout), and whether it must close then, as of `now`.
+    fn next_for_requests(&self, now: Instant, limits: &ConnectionLimits) -> Next {
         let s = &self.shared;
         if !s.requested.load(Ordering::Relaxed) {
             let deadline = s.started + limits.header_read;
@@ -115,7 +177,8 @@ impl Default for Activity {
 enum Next {
     /// Look again then.
     At(Instant),
-    /// No request head within the header deadline: drop it.
+    /// No request head within the header deadline (the first, or a header block open that
+    /// long): drop it.
     Abandon,
     /// Idle too long: close it gracefully.
     Close,
@@ -127,10 +190,24 @@ pub struct InFlight {
     shared: Arc<Shared>,
 }
 
+impl InFlight {
+    /// Whether the listener has stopped since the connection was accepted: an HTTP/1.1 answer
+    /// should then say `Connection: close`, since the connection closes after it.
+    pub fn draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Relaxed)
+    }
+}
+
+impl Shared {
+    fn millis_since_start(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(NO_BLOCK - 1)
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         let s = &self.shared;
-        let since = u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let since = s.millis_since_start();
         // Written before the count falls, so whoever sees it at zero sees this time too.
         s.idle_since_ms.fetch_max(since, Ordering::AcqRel);
         s.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -175,9 +252,10 @@ impl<B: Body> Body for Tracked<B> {
 }
 
 /// Serves `connection` to its end under the deadlines of `limits`, as `activity` (given to its
-/// service) tells what it has seen; closes it gracefully once `stopped` turns true, and then
-/// waits for the requests in flight (the caller bounds how long). Returns how it ended; a
-/// connection dropped at a deadline ended without error.
+/// service) tells what it has seen; closes it gracefully once `stopped` turns true (after the
+/// drain, for an HTTP/1.1 connection with nothing in flight), and then waits for the requests
+/// in flight (the caller bounds how long). Returns how it ended; a connection dropped at a
+/// deadline ended without error.
 pub fn drive<C>(
     connection: C,
     activity: Activity,
@@ -207,10 +285,17 @@ where
     // Once closing: until when it may take (`None` when the listener stops, which the caller
     // bounds).
     let mut closing: Option<Option<Instant>> = None;
+    // Once the listener has stopped and the connection is still read: until when.
+    let mut draining: Option<Instant> = None;
     loop {
         let wake = match closing {
+            None if draining.is_some_and(|until| Instant::now() >= until) => {
+                connection.as_mut().graceful_shutdown();
+                closing = Some(None);
+                None
+            }
             None => match activity.next(Instant::now(), &limits) {
-                Next::At(at) => Some(at),
+                Next::At(at) => Some(draining.map_or(at, |until| at.min(until))),
                 Next::Abandon => {
                     tracing::debug!(
                         timeout = ?limits.header_read,
@@ -229,10 +314,22 @@ where
             Some(until) => until,
         };
         tokio::select! {
+            // The connection first: what its client sent before the stop is read before the
+            // stop is looked at.
+            biased;
             ended = connection.as_mut() => return ended,
-            _ = stopped.wait_for(|s| *s), if closing.is_none() => {
-                connection.as_mut().graceful_shutdown();
-                closing = Some(None);
+            // A header block opened: its deadline may be the nearest.
+            () = activity.shared.block_opened.notified(), if closing.is_none() => {}
+            _ = stopped.wait_for(|s| *s), if closing.is_none() && draining.is_none() => {
+                let s = &activity.shared;
+                s.draining.store(true, Ordering::Relaxed);
+                let h2 = s.h2.load(Ordering::Relaxed);
+                if h2 || s.in_flight.load(Ordering::Acquire) > 0 {
+                    connection.as_mut().graceful_shutdown();
+                    closing = Some(None);
+                } else {
+                    draining = Some(Instant::now() + limits.drain);
+                }
             }
             () = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
                 if matches!(closing, Some(Some(until)) if Instant::now() >= until) {
@@ -292,6 +389,37 @@ mod tests {
             );
         }
         service.shutdown().await;
+    }
+
+    /// On stopping, an HTTP/1.1 connection with nothing in flight is still read for the drain,
+    /// then closed; one with no request yet, too.
+    #[tokio::test(start_paused = true)]
+    async fn stopping_closes_an_idle_connection_at_the_end_of_the_drain() {
+        let limits = ConnectionLimits {
+            header_read: Duration::from_secs(3600),
+            drain: Duration::from_secs(5),
+            ..ConnectionLimits::default()
+        };
+        let (service, addr) = serving(limits).await;
+        let mut kept_alive = TcpStream::connect(addr).await.unwrap();
+        kept_alive
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = [0; 12];
+        kept_alive.read_exact(&mut answer).await.unwrap();
+        let silent = TcpStream::connect(addr).await.unwrap();
+        let stopped_at = Instant::now();
+        let stopping = tokio::spawn(service.shutdown());
+        for socket in [kept_alive, silent] {
+            closed_after(socket).await;
+            let held = stopped_at.elapsed();
+            assert!(
+                (Duration::from_secs(5)..Duration::from_secs(6)).contains(&held),
+                "held {held:?} after the stop"
+            );
+        }
+        stopping.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

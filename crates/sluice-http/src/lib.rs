@@ -32,6 +32,7 @@ pub mod connection_deadlines;
 mod dashboard;
 mod enforce;
 pub mod extract;
+pub mod header_blocks;
 pub mod lifecycle;
 pub mod middleware;
 #[cfg(feature = "axum")]

@@ -307,6 +307,33 @@ mod tests {
         assert_eq!(before.elapsed(), Duration::from_secs(30));
     }
 
+    /// 200 kept-alive HTTP/1.1 clients each send a `POST` as the service stops: every one is
+    /// answered before its connection closes, and the stop ends with the drain. (Closed at
+    /// once, all 200 saw the connection end without an answer.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stopping_answers_every_request_sent_on_a_kept_alive_connection() {
+        let limits = ConnectionLimits {
+            drain: Duration::from_secs(5),
+            ..ConnectionLimits::default()
+        };
+        let mut service = Lifecycle::new(limits);
+        let app =
+            axum::Router::new().route("/", axum::routing::post(|body: String| async { body }));
+        let addr = service
+            .listen(SocketAddr::from(([127, 0, 0, 1], 0)), app)
+            .await
+            .unwrap();
+        let post = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nsent";
+        let (unanswered, statuses) =
+            sluice_testing::stopping::sent_while_stopping(addr, 200, post, service.shutdown())
+                .await;
+        assert_eq!(unanswered, 0, "of 200 requests sent while stopping");
+        assert!(
+            statuses.iter().all(|s| s == "http/1.1 200 ok"),
+            "{statuses:?}"
+        );
+    }
+
     #[tokio::test]
     async fn run_serves_from_its_start_until_shutdown() {
         let (stop, shutdown) = oneshot::channel::<()>();

@@ -1,5 +1,6 @@
 //! Serving connections with the limits a public listener needs: a client must send its request
-//! head within a time (a slowloris holding connections open by trickling headers is closed), an
+//! head within a time (a slowloris holding connections open by trickling headers is closed, an
+//! h2 one too: [`header_blocks`](crate::header_blocks)), an
 //! h2 client that stops answering pings is dropped, one that sends nothing or stays idle is
 //! closed ([`connection_deadlines`](crate::connection_deadlines)), connections are capped in total and per
 //! client address, running out of file descriptors slows accepting instead of spinning, and
@@ -21,6 +22,7 @@ use tower_service::Service;
 
 use crate::PeerAddr;
 use crate::connection_deadlines::{Activity, Tracked, drive};
+use crate::header_blocks::HeaderBlocks;
 
 /// How many connections a listener holds, and how long they may take and stay idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,13 +41,19 @@ pub struct ConnectionLimits {
     /// Open connections from one client address at most. Behind a load balancer every
     /// connection comes from its few addresses: raise it there.
     pub max_per_ip: usize,
+    /// When the listener stops, how long an HTTP/1.1 connection with nothing in flight is
+    /// still read: a request already sent on it is answered (with `Connection: close`), not
+    /// cut off unread. See [`connection_deadlines`](crate::connection_deadlines).
+    pub drain: Duration,
 }
 
 impl Default for ConnectionLimits {
     /// 10 s for a request head (nginx's `client_header_timeout` is 60 s; a rate limiter's clients
     /// send small heads), a ping every 30 s, closed after 5 minutes idle (Envoy's own idle
     /// timeout for upstream connections is an hour; a client whose connection is closed opens
-    /// another), 16,384 connections, 1,024 from one address.
+    /// another), 16,384 connections, 1,024 from one address, and 1 s to drain on stopping (far
+    /// longer than a request already sent takes to arrive; a client that sends nothing in it
+    /// is closed while idle, which every HTTP/1.1 client must expect).
     fn default() -> Self {
         ConnectionLimits {
             header_read: Duration::from_secs(10),
@@ -53,6 +61,7 @@ impl Default for ConnectionLimits {
             idle: Duration::from_secs(300),
             max_connections: 16_384,
             max_per_ip: 1_024,
+            drain: Duration::from_secs(1),
         }
     }
 }
@@ -108,7 +117,8 @@ impl<B> ResponseBody for B where
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Accepts connections on `listener` until `stopped` turns true, serving each with `service`
-/// (HTTP/1.1 and h2), then lets the requests in flight finish. Each request carries the peer's
+/// (HTTP/1.1 and h2), then lets the requests in flight finish, and answers those already sent
+/// on an idle HTTP/1.1 connection within [`ConnectionLimits::drain`]. Each request carries the peer's
 /// address as [`PeerAddr`], which axum handlers extract as they would `ConnectInfo`.
 pub async fn serve_connections<S, B>(
     listener: TcpListener,
@@ -170,17 +180,27 @@ pub async fn serve_connections<S, B>(
         let seen = activity.clone();
         // Every request carries the peer's address, and is in flight until its answer is sent.
         let with_peer = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-            let in_flight = seen.begin();
+            let version = request.version();
+            let in_flight = seen.begin(version);
             // One extension, not axum's `ConnectInfo` as well: each costs an allocation per
             // request, and `PeerAddr` extracts in axum handlers too.
             request.extensions_mut().insert(PeerAddr(peer));
             let mut service = service.clone();
             async move {
                 std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
-                let answer = service.call(request).await?;
+                let mut answer = service.call(request).await?;
+                // Answered while the listener drains: the client must not send another
+                // request on this connection, which is about to close.
+                if in_flight.draining() && version < http::Version::HTTP_2 {
+                    answer.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
                 Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight)))
             }
         });
+        let stream = HeaderBlocks::new(stream, activity.clone());
         let connection = builder
             .serve_connection(TokioIo::new(stream), with_peer)
             .into_owned();

@@ -56,6 +56,7 @@ mod headers;
 mod limiter;
 pub mod limits;
 mod metrics;
+pub mod metrics_page;
 mod open;
 mod open_store;
 mod request;

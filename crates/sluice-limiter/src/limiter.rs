@@ -27,6 +27,7 @@ use sluice_rules::Reloader;
 
 use crate::activity::{DecisionHistory, ReloadLog};
 use crate::metrics::{Metrics, Snapshot};
+use crate::metrics_page::{MetricsPages, PagesHeld};
 use crate::open_store::OpenStore;
 use crate::request::{InvalidRequest, LimitRequest};
 use crate::store_telemetry::StoreTelemetry;
@@ -57,6 +58,8 @@ pub struct Limiter {
     quota_mode: AtomicBool,
     /// How long reservations hold.
     reservation_ttls: reserve::Ttls,
+    /// The rendered `/metrics` page, shared by the scrapes of one second.
+    pages: MetricsPages,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -89,6 +92,7 @@ impl Limiter {
             reloads,
             quota_mode: AtomicBool::new(false),
             reservation_ttls: Default::default(),
+            pages: MetricsPages::default(),
         }
     }
 
@@ -123,6 +127,14 @@ impl Limiter {
             reloads: stats.reloads.load(Ordering::Relaxed),
             reload_failures: stats.failures.load(Ordering::Relaxed),
         })
+    }
+
+    /// The metrics page for a scrape: [`render_metrics`](Self::render_metrics) at most once a
+    /// second, shared by the scrapes of that second, or refused while clients that do not
+    /// read their answers hold [`MAX_PAGES`](crate::metrics_page::MAX_PAGES) pages
+    /// ([`metrics_page`](crate::metrics_page)).
+    pub fn metrics_page(&self) -> Result<bytes::Bytes, PagesHeld> {
+        self.pages.page(|| self.render_metrics())
     }
 
     /// The rules in force.

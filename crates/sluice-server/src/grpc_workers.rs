@@ -25,7 +25,8 @@
 //!
 //! A connection's first request must arrive within `--header-timeout` of connecting (TLS
 //! handshake and h2 preface included), one idle for `--idle-timeout` is closed with `GOAWAY`
-//! ([`connection_deadlines`](sluice_http::connection_deadlines)), at most
+//! ([`connection_deadlines`](sluice_http::connection_deadlines)), as is one whose later
+//! request's header block stays open that long ([`HeaderBlocks`]), at most
 //! [`H2_MAX_STREAMS`] streams are open on one, and a request's message must be complete within
 //! `--header-timeout` of its head ([`BodyDeadline`]).
 //!
@@ -44,6 +45,7 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use sluice_http::connection_deadlines::{Activity, Tracked, drive};
+use sluice_http::header_blocks::HeaderBlocks;
 use sluice_http::serve::{Admission, ConnectionLimits, H2_MAX_STREAMS, Slot};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -236,7 +238,7 @@ async fn serve_connections(
         let activity = Activity::new();
         let (routes, seen) = (serving.routes.clone(), activity.clone());
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-            let in_flight = seen.begin();
+            let in_flight = seen.begin(request.version());
             let request = request.map(|body| BodyDeadline::new(body, limits.header_read));
             let answer = routes.route(request);
             async move {
@@ -254,6 +256,7 @@ async fn serve_connections(
             let _held = (slot, open);
             let ended = match tls {
                 None => {
+                    let stream = HeaderBlocks::new(stream, activity.clone());
                     let connection = h2.serve_connection(TokioIo::new(stream), service);
                     drive(connection, activity, limits, stopped).await
                 }
@@ -271,6 +274,7 @@ async fn serve_connections(
                             return;
                         }
                     };
+                    let stream = HeaderBlocks::new(stream, activity.clone());
                     let connection = h2.serve_connection(TokioIo::new(stream), service);
                     drive(connection, activity, limits, stopped).await
                 }

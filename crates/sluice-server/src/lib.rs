@@ -31,6 +31,7 @@ mod grpc_tls;
 mod grpc_workers;
 pub mod metadata;
 mod unary;
+pub mod wire_bounds;
 pub mod xds;
 
 use std::net::SocketAddr;

@@ -9,7 +9,8 @@
 //! [`RlsService::answer`], and written back as one data frame and a `grpc-status: 0` trailer.
 //! Failures are tonic's own `Status` responses (trailers only). Bad input is `INVALID_ARGUMENT`
 //! with the reason (a message that is not a `RateLimitRequest`, or a body that ends before its
-//! message), one over 64 KiB `OUT_OF_RANGE` as tonic answers it, and a compressed one
+//! message; too many descriptors or entries are refused on the wire bytes, before decoding
+//! builds them, by [`wire_bounds`]), one over 64 KiB `OUT_OF_RANGE` as tonic answers it, and a compressed one
 //! `UNIMPLEMENTED`. Other methods of the service and other services go through tonic.
 //!
 //! Under callgrind at 128 connections, a `ShouldRateLimit` costs 49,200 instructions this way
@@ -29,6 +30,7 @@ use sluice_limiter::limits::MAX_BODY;
 use tonic::Status;
 
 use crate::grpc::RlsService;
+use crate::wire_bounds;
 
 /// The path of `ShouldRateLimit`.
 pub(crate) const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -47,6 +49,8 @@ where
 {
     let answer = async {
         let message = read_message(request.into_body(), MAX_BODY).await?;
+        // Too many descriptors or entries are refused before decoding builds them all.
+        wire_bounds::check(&message).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let request = RateLimitRequest::decode(message).map_err(|e| {
             Status::invalid_argument(format!("the message is not a RateLimitRequest: {e}"))
         })?;
@@ -163,7 +167,13 @@ impl Body for Unary {
         self.data.is_none() && self.trailers.is_none()
     }
 
+    /// At least the message, with no upper bound: hyper turns an exact size into a
+    /// `content-length`, which no gRPC server sends (the trailers follow the message), and with
+    /// which a client that trusts it (`curl --http2-prior-knowledge`) stops reading before the
+    /// trailers and never sees `grpc-status`.
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.data.as_ref().map_or(0, |d| d.len() as u64));
+        hint
     }
 }

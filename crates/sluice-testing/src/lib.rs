@@ -1,6 +1,7 @@
 //! The engine layer of Sluice's test support: limiters over rules on fake clocks, a clock that
 //! follows tokio's paused time, a real upstream on a loopback port, a closed port, an HTTP client
-//! for long tests, and certificates for TLS tests ([`tls`]).
+//! for long tests, certificates for TLS tests ([`tls`]), and kept-alive clients that send a
+//! request as a service stops ([`stopping`]).
 //!
 //! It may depend on the engine (`sluice-limiter`), so only the crates above the engine use it.
 //! What needs nothing of Sluice's (free ports, processes killed by PID, polling until a deadline,
@@ -27,6 +28,7 @@ use sluice_limiter::{Limiter, Metrics};
 use sluice_rules::Reloader;
 use sluice_test_support::rules_file;
 
+pub mod stopping;
 pub mod tls;
 
 /// A limiter over `rules` (YAML text) and `store`. The temp dir must outlive the limiter.

@@ -39,6 +39,11 @@ pub(crate) struct ConnectionArgs {
     /// still open is closed and the process exits 0.
     #[arg(long, env = "SLUICE_SHUTDOWN_TIMEOUT", value_parser = parse_duration_or_error, default_value = "30s")]
     pub(crate) shutdown_timeout: Duration,
+    /// On SIGTERM, how long an HTTP/1.1 connection with nothing in flight is still read, so
+    /// that a request its client already sent is answered (with `Connection: close`) rather
+    /// than cut off unread; then it is closed.
+    #[arg(long, env = "SLUICE_SHUTDOWN_DRAIN", value_parser = parse_duration_or_error, default_value = "1s")]
+    pub(crate) shutdown_drain: Duration,
     /// Open connections at most, per listener; more are closed as soon as they are accepted.
     /// The open-files limit is raised to its hard limit at start; a number given here that does
     /// not fit in it is lowered to fit, with a warning [default: 16384, or what fits].
@@ -83,6 +88,7 @@ impl ConnectionArgs {
             idle: self.idle_timeout,
             max_connections,
             max_per_ip: self.max_connections_per_ip,
+            drain: self.shutdown_drain,
             ..Default::default()
         }
     }

@@ -308,3 +308,113 @@ async fn unknown_grpc_services_and_methods_are_unimplemented() {
     assert_eq!(answer.overall_code, Code::Ok as i32);
     assert_eq!(answer.statuses[0].limit_remaining, 2);
 }
+
+/// 65 descriptors, the last of which does not even decode (its entry's key is not UTF-8), are
+/// refused for their number: the counts are checked on the wire, before decoding builds every
+/// descriptor of the message (a 64 KiB message holds 32,000 empty ones). So is a descriptor's
+/// 33rd entry.
+#[tokio::test]
+async fn too_many_descriptors_or_entries_are_refused_before_the_message_is_decoded() {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RawEntry {
+        #[prost(bytes = "vec", tag = "1")]
+        key: Vec<u8>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RawDescriptor {
+        #[prost(message, repeated, tag = "1")]
+        entries: Vec<RawEntry>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RawRequest {
+        #[prost(string, tag = "1")]
+        domain: String,
+        #[prost(message, repeated, tag = "2")]
+        descriptors: Vec<RawDescriptor>,
+    }
+    let entry = |key: &[u8]| RawEntry { key: key.to_vec() };
+    let fine = RawDescriptor {
+        entries: vec![entry(b"client")],
+    };
+    let broken = RawDescriptor {
+        entries: vec![entry(&[0xff, 0xfe])],
+    };
+    let mut many_descriptors = vec![fine.clone(); 64];
+    many_descriptors.push(broken.clone());
+    let mut many_entries = vec![entry(b"client"); 32];
+    many_entries.push(entry(&[0xff, 0xfe]));
+    let h = Harness::start().await;
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    for (descriptors, needle) in [
+        (
+            many_descriptors,
+            "`descriptors` has 65, more than the limit of 64",
+        ),
+        (
+            vec![
+                fine,
+                RawDescriptor {
+                    entries: many_entries,
+                },
+            ],
+            "`descriptors[1].entries` has 33, more than the limit of 32",
+        ),
+    ] {
+        let message = RawRequest {
+            domain: "shop".into(),
+            descriptors,
+        };
+        let status = unary(h.channel().await, path, message).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(needle), "{}", status.message());
+    }
+}
+
+/// A gRPC answer has no `content-length` (no gRPC server sends one: the trailers follow the
+/// message, and a client that trusts the length, as `curl --http2-prior-knowledge` does, never
+/// reads `grpc-status`), and ends with its status in the trailers, for `ShouldRateLimit` and
+/// the health service alike.
+#[tokio::test]
+async fn grpc_answers_carry_no_content_length_and_end_with_their_status() {
+    use bytes::Bytes;
+    use prost::Message;
+    let h = Harness::start().await;
+    let addr = h.server.grpc_addr();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let should_rate_limit = one(&[("client", "a")]).encode_to_vec();
+    for (path, message) in [
+        (
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            should_rate_limit,
+        ),
+        ("/grpc.health.v1.Health/Check", Vec::new()),
+    ] {
+        let mut send = send.clone().ready().await.unwrap();
+        let request = http::Request::post(format!("http://{addr}{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (answer, mut body) = send.send_request(request, false).unwrap();
+        let mut framed = vec![0];
+        framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+        framed.extend_from_slice(&message);
+        body.send_data(Bytes::from(framed), true).unwrap();
+        let answer = answer.await.unwrap();
+        assert_eq!(answer.status(), 200, "{path}");
+        assert!(
+            answer.headers().get("content-length").is_none(),
+            "{path}: {:?}",
+            answer.headers()
+        );
+        let mut body = answer.into_body();
+        while let Some(data) = body.data().await {
+            let data = data.unwrap();
+            let _ = body.flow_control().release_capacity(data.len());
+        }
+        let trailers = body.trailers().await.unwrap().expect("trailers");
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0", "{path}");
+    }
+}

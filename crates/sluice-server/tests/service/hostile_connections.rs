@@ -149,3 +149,69 @@ async fn a_grpc_connection_caps_its_streams_and_a_message_that_never_ends_is_dea
     );
     drop(body);
 }
+
+/// An h2 frame: its header (length, type, flags, stream) and payload.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// After a first request, a client opens a second request's header block (`HEADERS` without
+/// `END_HEADERS`) and trickles `CONTINUATION` frames that never end it: the connection is
+/// closed at the header timeout, on both listeners (it was held until an unanswerable ping
+/// timed out, 30 s by default, and here, with pings a minute apart, past the test's bound).
+#[tokio::test]
+async fn an_h2_header_block_trickled_in_continuation_frames_is_cut_at_the_header_timeout() {
+    const HEADERS: u8 = 0x1;
+    const CONTINUATION: u8 = 0x9;
+    const END_STREAM_AND_HEADERS: u8 = 0x1 | 0x4;
+    let h = Harness::start_with(|o| {
+        o.connections.header_read = Duration::from_millis(300);
+        o.connections.h2_keep_alive = Duration::from_secs(60);
+        o.connections.idle = Duration::from_secs(60);
+    })
+    .await;
+    for (listener, addr) in [
+        ("HTTP", h.server.http_addr()),
+        ("gRPC", h.server.grpc_addr()),
+    ] {
+        let mut socket = TcpStream::connect(addr).await.unwrap();
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+        // `GET / http` from HPACK's static table: a whole request, answered.
+        hello.extend(frame(
+            HEADERS,
+            END_STREAM_AND_HEADERS,
+            1,
+            &[0x82, 0x84, 0x86],
+        ));
+        socket.write_all(&hello).await.unwrap();
+        // Read the server's frames until the answer's HEADERS on stream 1.
+        let mut answered = false;
+        while !answered {
+            let mut header = [0; 9];
+            within(
+                "waiting for the first answer",
+                socket.read_exact(&mut header),
+            )
+            .await
+            .unwrap();
+            let len =
+                usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+            let mut payload = vec![0; len];
+            socket.read_exact(&mut payload).await.unwrap();
+            answered = header[3] == HEADERS && header[5..9] == [0, 0, 0, 1];
+        }
+        let mut trickle = frame(HEADERS, 0, 3, &[0x82]);
+        for field in [0x84, 0x86] {
+            trickle.extend(frame(CONTINUATION, 0, 3, &[field]));
+        }
+        socket.write_all(&trickle).await.unwrap();
+        let doing = format!("held open on the {listener} listener by a header block never ended");
+        let mut rest = Vec::new();
+        let _ = within(&doing, socket.read_to_end(&mut rest)).await;
+    }
+}

@@ -27,6 +27,28 @@ async fn graceful_shutdown_stops_both_listeners() {
     assert!(tokio::net::TcpStream::connect(grpc).await.is_err());
 }
 
+/// 100 kept-alive clients of the HTTP API each send a `POST /json` as the service stops: every
+/// one is answered (a request that may consume quota cannot be safely sent again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_answers_every_request_sent_on_a_kept_alive_connection() {
+    let h = Harness::start().await;
+    let addr = h.server.http_addr();
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"health","value":"a"}]}]}"#;
+    let post: &'static [u8] = format!(
+        "POST /json HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+    .leak();
+    let (unanswered, statuses) =
+        sluice_testing::stopping::sent_while_stopping(addr, 100, post, h.server.shutdown()).await;
+    assert_eq!(unanswered, 0, "of 100 requests sent while stopping");
+    assert!(
+        statuses.iter().all(|s| s == "http/1.1 200 ok"),
+        "{statuses:?}"
+    );
+}
+
 #[tokio::test]
 async fn invalid_rules_stop_the_start_with_their_location() {
     let (path, _dir) = rules_file(
