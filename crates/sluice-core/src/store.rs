@@ -115,6 +115,14 @@ pub trait Store: Send + Sync + 'static {
     fn supports(&self, _policy: &Policy) -> Result<(), UnsupportedPolicy> {
         Ok(())
     }
+
+    /// Told that `checks`, which this store failed to decide, were admitted all the same by
+    /// their rules' `on_store_error` (`allow`, or `local` within its own limit). A store that
+    /// keeps usage to push later (the hybrid store) counts them, so that what a fallback admitted
+    /// during an outage is counted against the limit once the store is back.
+    ///
+    /// The default forgets them: a store that could not be reached has nowhere to put them.
+    fn admitted_without_store(&self, _checks: &[Check<'_>]) {}
 }
 
 /// A boxed future, for [`DynStore`].
@@ -136,6 +144,8 @@ pub trait DynStore: Send + Sync + 'static {
     fn tracked_keys(&self) -> Option<usize>;
     /// See [`Store::supports`].
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy>;
+    /// See [`Store::admitted_without_store`].
+    fn admitted_without_store(&self, checks: &[Check<'_>]);
 }
 
 impl<S: Store> DynStore for S {
@@ -165,5 +175,9 @@ impl<S: Store> DynStore for S {
 
     fn supports(&self, policy: &Policy) -> Result<(), UnsupportedPolicy> {
         Store::supports(self, policy)
+    }
+
+    fn admitted_without_store(&self, checks: &[Check<'_>]) {
+        Store::admitted_without_store(self, checks)
     }
 }

@@ -253,7 +253,8 @@ impl Limiter {
     }
 
     /// The decisions of `batch` when the store failed with `e`: each check's `on_store_error`
-    /// (`on_error` of its position).
+    /// (`on_error` of its position). When they admit the batch, the store is told, so that a
+    /// store that pushes usage later (the hybrid store) counts what was admitted without it.
     async fn without_store(
         &self,
         batch: &[Check<'_>],
@@ -267,7 +268,11 @@ impl Limiter {
             tracing::warn!(error = %e, transient = e.is_transient(), errors_so_far = before + 1, "store failed; applying on_store_error");
         }
         let modes: Vec<OnStoreError> = (0..batch.len()).map(on_error).collect();
-        decide_without_store(batch, &modes, &self.local, self.deny_retry).await
+        let decisions = decide_without_store(batch, &modes, &self.local, self.deny_retry).await;
+        if decisions.iter().all(|d| d.allowed) {
+            self.store.admitted_without_store(batch);
+        }
+        decisions
     }
 }
 
