@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_core::{Decision, Policy, Timestamp};
 
-use crate::local::{Local, is_bucket, window_end};
+use crate::local::{Local, add_units, decide, is_bucket, window_end};
+use crate::sync::Floor;
 
 /// One key's entry: its local state, and what it owes the global count.
 #[derive(Debug)]
@@ -33,6 +34,10 @@ pub(crate) struct Entry {
     /// When a sync must read the key, even if it was asked for nothing, to renew its claim
     /// before the allowance lapses.
     pub(crate) renew_at: Timestamp,
+    /// The key's global state as the last successful sync found it, sent back with every sync
+    /// as the floor Redis may not answer below (see `sync.lua`): kept through failed syncs, so
+    /// that a Redis that comes back empty is given back what it held.
+    pub(crate) known: Option<Floor>,
 }
 
 impl Entry {
@@ -84,6 +89,28 @@ impl Entry {
         self.expires = self.expires.max(now.saturating_add(d.reset_after));
     }
 
+    /// Counts `cost` units admitted at `now` beyond this store's decision (by a rule's
+    /// `on_store_error` while Redis was away): laid on the local state whatever the limit says,
+    /// and owed to the global count like any admitted unit. The allowance is left alone: these
+    /// units were not the store's to admit.
+    pub(crate) fn admit_anyway(&mut self, cost: u64, now: Timestamp, dropped: &AtomicU64) {
+        // The state as of now (a window that ended rolls over), without consuming.
+        let Some((mut state, _)) = decide(&self.policy, Some(&self.state), now, 0) else {
+            return;
+        };
+        let end = if is_bucket(self.policy.algorithm()) {
+            now
+        } else {
+            window_end(&self.policy, &state)
+        };
+        add_units(&self.policy, &mut state, end, cost, now);
+        self.state = state;
+        self.add_pending(end, cost, dropped);
+        if let Some((_, d)) = decide(&self.policy, Some(&state), now, 0) {
+            self.expires = self.expires.max(now.saturating_add(d.reset_after));
+        }
+    }
+
     /// Whether the entry can go: nothing left to push, and its counter full again.
     pub(crate) fn spent(&self, now: Timestamp) -> bool {
         self.pending.is_empty() && self.expires <= now
@@ -114,6 +141,7 @@ impl Entry {
             allowance_until: Timestamp::from_nanos(u64::MAX),
             wanted: 0,
             renew_at: Timestamp::EPOCH,
+            known: None,
         }
     }
 }

@@ -189,9 +189,40 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
     }
 
     async fn reset(&self, key: &str) -> StoreResult<bool> {
-        let local = lock(&self.inner.keys).remove(key).is_some();
-        let global = sync::reset_hybrid(&self.inner.redis, key).await?;
-        Ok(local || global)
+        let removed = lock(&self.inner.keys).remove(key);
+        // The marker outlasts what other instances may still know of the key: two of its spans.
+        let span = removed.as_ref().map_or(std::time::Duration::ZERO, |e| {
+            local::span(&e.policy).saturating_mul(2)
+        });
+        let global = sync::reset_hybrid(&self.inner.redis, key, span).await?;
+        Ok(removed.is_some() || global)
+    }
+
+    /// Units a rule's `on_store_error` admitted while this store reported Redis away are this
+    /// instance's to push like its own: they stay pending until a sync reaches Redis, and count
+    /// against the limit from then on (within the two windows pending units are kept for).
+    fn admitted_without_store(&self, checks: &[Check<'_>]) {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let mut keys = lock(&inner.keys);
+        for c in checks.iter().filter(|c| c.cost > 0) {
+            if hybrid_supports(c.policy).is_err() {
+                continue;
+            }
+            if !keys.contains_key(c.key) {
+                if keys.len() >= inner.options.max_keys {
+                    continue;
+                }
+                let Some((fresh, _)) = decide(c.policy, None, now, 0) else {
+                    continue;
+                };
+                let share = self.share(c.policy.limit());
+                keys.insert(c.key.to_owned(), Entry::new(c.policy, fresh, now, share));
+            }
+            if let Some(e) = keys.get_mut(c.key).filter(|e| e.policy == *c.policy) {
+                e.admit_anyway(c.cost, now, &inner.dropped);
+            }
+        }
     }
 
     fn tracked_keys(&self) -> Option<usize> {

@@ -73,6 +73,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                         keep,
                         want,
                         share,
+                        floor: e.known,
                     });
                     return true;
                 }
@@ -86,6 +87,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                         keep,
                         want,
                         share,
+                        floor: e.known,
                     });
                 }
                 true

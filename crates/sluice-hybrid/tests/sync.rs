@@ -54,6 +54,7 @@ async fn a_sync_call_carries_many_policies_and_a_key_twice() {
             keep: 0,
             want: 0,
             share: 0,
+            floor: None,
         };
         let entries = [
             entry("gcra-slow", &gcra_slow, 3, 0),
@@ -128,6 +129,7 @@ async fn a_sync_call_of_thousands_of_keys_answers_every_key_in_its_place() {
             keep: 0,
             want: 0,
             share: 0,
+            floor: None,
         })
         .collect();
     for round in 1..=2u64 {
