@@ -538,6 +538,63 @@ async fn a_redis_restarted_empty_mid_window_is_given_back_its_count() {
     assert!(over.is_empty(), "{over:?}");
 }
 
+/// A flush (`FLUSHALL`) is a loss like a restart: the instances give the count back. A reset is
+/// not: its marker starts the key afresh, and no instance lays the count it read before on it.
+#[tokio::test]
+async fn a_flush_is_given_back_and_a_reset_is_not() {
+    let server = RedisServer::start();
+    let (clock, stores) = instances(server.port, 2).await;
+    // Every instance reads every key it tracks, as it does every quarter of a claim's time to
+    // live.
+    let renew = || async {
+        advance(&clock, &stores, Duration::from_millis(130));
+        for s in &stores {
+            s.sync_now().await.unwrap();
+        }
+    };
+    for p in supported() {
+        let key = format!("flush:{p:?}");
+        warm(&stores, &key, &p).await;
+        let used =
+            admitted(&stores[0], &key, &p, 30).await + admitted(&stores[1], &key, &p, 5).await;
+        assert!(used > 5, "{}", p.algorithm());
+        for s in &stores {
+            s.sync_now().await.unwrap();
+        }
+        renew().await;
+        server.command(&["FLUSHALL"]).unwrap();
+        // Both instances sync the lost key: it holds what they read, once, not twice.
+        renew().await;
+        let left = |s: &HybridStore<FakeClock>| {
+            let s = s.clone();
+            let p = p.clone();
+            let key = key.clone();
+            async move { s.peek(&key, &p).await.unwrap().remaining }
+        };
+        let after_flush = left(&stores[1]).await;
+        assert!(
+            (100 - used..=100 - used + 1).contains(&after_flush),
+            "{}: {after_flush} left after a flush, {used} used",
+            p.algorithm()
+        );
+        assert!(Store::reset(&stores[0], &key).await.unwrap());
+        renew().await;
+        warm(&stores[..1], &key, &p).await;
+        assert_eq!(
+            left(&stores[0]).await,
+            100,
+            "{} after a reset",
+            p.algorithm()
+        );
+        assert_eq!(
+            left(&stores[1]).await,
+            100,
+            "{} after a reset",
+            p.algorithm()
+        );
+    }
+}
+
 /// The sliding log and the queue are refused when rules load, with a reason.
 #[tokio::test]
 async fn unsupported_algorithms_are_refused_with_a_reason() {
