@@ -9,8 +9,8 @@
 //! The parts: `check.rs` decides (the local check path), from each key's bookkeeping in
 //! `entry.rs` and its algorithm state in `local.rs`, within this instance's share (`share.rs`);
 //! `sync_loop.rs` sends every interval's units with the wire of [`sync`] (`sync.lua`, one call
-//! per Cluster slot), and `apply.rs` lays the reply under the keys; `options.rs` and `stats.rs`
-//! hold what a store URL sets and what metrics read.
+//! per Cluster slot), and `apply.rs` lays the reply under the keys; a reset leaves the marker of
+//! `reset.lua`; `options.rs` and `stats.rs` hold what a store URL sets and what metrics read.
 //!
 //! ```no_run
 //! use sluice_core::{Check, Gcra, Policy, Rate, Store};
