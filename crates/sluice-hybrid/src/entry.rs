@@ -38,7 +38,16 @@ pub(crate) struct Entry {
     /// as the floor Redis may not answer below (see `sync.lua`): kept through failed syncs, so
     /// that a Redis that comes back empty is given back what it held.
     pub(crate) known: Option<Floor>,
+    /// Units sent by syncs that failed, which Redis may or may not have applied (a call that
+    /// timed out may still run): each batch with the attempt that first sent it, by the end of
+    /// its window as in `pending`. Sent again with that tag, which Redis compares with the last
+    /// attempt of this instance it ran on the key, so that a batch is counted once.
+    pub(crate) doubt: Vec<(u64, Timestamp, u64)>,
 }
+
+/// The most batches in doubt a key keeps apart: beyond them, the oldest two are merged under
+/// the newer tag, which may count the older again (more, never less).
+const DOUBT_BATCHES: usize = 4;
 
 impl Entry {
     pub(crate) fn add_pending(&mut self, end: Timestamp, units: u64, dropped: &AtomicU64) {
@@ -111,13 +120,34 @@ impl Entry {
         }
     }
 
-    /// Whether the entry can go: nothing left to push, and its counter full again.
-    pub(crate) fn spent(&self, now: Timestamp) -> bool {
-        self.pending.is_empty() && self.expires <= now
+    /// Keeps `units` of the window ending at `end` that attempt `tag` first sent and that a
+    /// failed sync leaves in doubt.
+    pub(crate) fn add_doubt(&mut self, tag: u64, end: Timestamp, units: u64) {
+        match self
+            .doubt
+            .iter_mut()
+            .find(|(t, e, _)| *t == tag && *e == end)
+        {
+            Some((_, _, u)) => *u = u.saturating_add(units),
+            None => self.doubt.push((tag, end, units)),
+        }
+        if self.doubt.len() > DOUBT_BATCHES {
+            self.doubt.sort_by_key(|(t, _, _)| *t);
+            let (_, end, units) = self.doubt.remove(0);
+            let (newer, _, _) = self.doubt[0];
+            self.doubt.push((newer, end, units));
+        }
     }
 
+    /// Whether the entry can go: nothing left to push, and its counter full again.
+    pub(crate) fn spent(&self, now: Timestamp) -> bool {
+        self.pending.is_empty() && self.doubt.is_empty() && self.expires <= now
+    }
+
+    /// Units not yet known to be in Redis: pending, and in doubt.
     pub(crate) fn pending_units(&self) -> u64 {
-        self.pending.iter().map(|(_, u)| u).sum()
+        let doubt: u64 = self.doubt.iter().map(|(_, _, u)| u).sum();
+        self.pending.iter().map(|(_, u)| u).sum::<u64>() + doubt
     }
 
     /// What may still be admitted here at `now` before the next sync.
@@ -142,6 +172,7 @@ impl Entry {
             wanted: 0,
             renew_at: Timestamp::EPOCH,
             known: None,
+            doubt: Vec::new(),
         }
     }
 }

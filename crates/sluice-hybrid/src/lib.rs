@@ -82,6 +82,8 @@ struct Inner<C> {
     instances: AtomicU64,
     /// When the last heartbeat was answered (ns on the store's clock; 0: never).
     last_beat: AtomicU64,
+    /// Sync attempts so far, which number the units each first sends (see `sync.lua`).
+    attempts: AtomicU64,
 }
 
 impl<C: Clock> std::fmt::Debug for HybridStore<C> {
@@ -122,6 +124,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 id: instance_id(),
                 instances: AtomicU64::new(1),
                 last_beat: AtomicU64::new(0),
+                attempts: AtomicU64::new(0),
             }),
         }
     }

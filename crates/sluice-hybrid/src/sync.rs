@@ -53,6 +53,11 @@ pub struct SyncEntry {
     /// key (a restart, a failover to a replica behind, a flush) does not hand back less than it
     /// held. `None` for a key this instance has not synced.
     pub floor: Option<Floor>,
+    /// The sync attempt that first sent these units ([`Claimant::attempt`], or an earlier one
+    /// that failed): Redis skips them if it has run that attempt, or a later one, of this
+    /// instance on the key, so that units sent again after a call that timed out but ran are
+    /// counted once. 0: always counted.
+    pub tag: u64,
 }
 
 /// A key's state as a sync found it, in the form Redis takes it back as a floor: where the state
@@ -82,6 +87,9 @@ pub struct Claimant<'a> {
     pub ttl: Duration,
     /// The live instances, among which what a limit has left is split.
     pub instances: u64,
+    /// This attempt's number, increasing with each sync of the instance: Redis keeps the last
+    /// it ran on each key in the instance's claim. 0: none kept.
+    pub attempt: u64,
 }
 
 /// A key after a sync: its global state, and the units granted to the instance until its next
@@ -190,7 +198,7 @@ fn push_policy(
 }
 
 /// The numbers of one entry, packed, in the script's argument of entries.
-const ENTRY_BYTES: usize = 9 * 8;
+const ENTRY_BYTES: usize = 10 * 8;
 
 /// The script arguments of one call: the claimant's, then each policy the call's entries name,
 /// once, then every entry packed into one argument, with its policy's number (see `sync.lua`).
@@ -229,12 +237,13 @@ fn call_args(
             floor.born_millis,
             signed(floor.first),
             signed(floor.second),
+            signed(e.tag),
         ];
         for n in fields {
             packed.extend_from_slice(&n.to_le_bytes());
         }
     }
-    let mut args = Vec::with_capacity(7 + policy_args.len());
+    let mut args = Vec::with_capacity(8 + policy_args.len());
     args.push(offset.to_string().into_bytes());
     args.push(claimant.id.as_bytes().to_vec());
     args.push(whole_millis(claimant.ttl).to_string().into_bytes());
@@ -242,6 +251,7 @@ fn call_args(
     args.push(policies.len().to_string().into_bytes());
     args.extend(policy_args.into_iter().map(String::into_bytes));
     args.push(packed);
+    args.push(claimant.attempt.to_string().into_bytes());
     Ok(args)
 }
 
