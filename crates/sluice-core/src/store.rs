@@ -208,6 +208,14 @@ pub trait Store: Send + Sync + 'static {
             "this store does not give units back".to_owned(),
         )))
     }
+
+    /// Told that `checks`, which this store failed to decide, were admitted all the same by
+    /// their rules' `on_store_error` (`allow`, or `local` within its own limit). A store that
+    /// keeps usage to push later (the hybrid store) counts them, so that what a fallback admitted
+    /// during an outage is counted against the limit once the store is back.
+    ///
+    /// The default forgets them: a store that could not be reached has nowhere to put them.
+    fn admitted_without_store(&self, _checks: &[Check<'_>]) {}
 }
 
 /// A boxed future, for [`DynStore`].
@@ -244,6 +252,8 @@ pub trait DynStore: Send + Sync + 'static {
     /// See [`Store::refund`].
     fn refund<'a>(&'a self, refunds: &'a [Refund<'a>])
     -> BoxFuture<'a, StoreResult<Vec<Decision>>>;
+    /// See [`Store::admitted_without_store`].
+    fn admitted_without_store(&self, checks: &[Check<'_>]);
 }
 
 impl<S: Store> DynStore for S {
@@ -296,5 +306,9 @@ impl<S: Store> DynStore for S {
         refunds: &'a [Refund<'a>],
     ) -> BoxFuture<'a, StoreResult<Vec<Decision>>> {
         Box::pin(Store::refund(self, refunds))
+    }
+
+    fn admitted_without_store(&self, checks: &[Check<'_>]) {
+        Store::admitted_without_store(self, checks)
     }
 }

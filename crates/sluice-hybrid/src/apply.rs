@@ -89,6 +89,9 @@ impl<C: Clock + 'static> HybridStore<C> {
             add_units(&entry.policy, &mut state, end, units, now);
         }
         entry.state = state;
+        // What Redis held after this sync, the floor of the next: already raised to the last
+        // one, so a key's known usage goes down only as its window or backlog runs out.
+        entry.known = synced.floor;
         if let Some((_, d)) = decide(&entry.policy, Some(&state), now, 1) {
             entry.quiet_until = if d.allowed || d.retry_after == Decision::NEVER {
                 Timestamp::EPOCH

@@ -202,6 +202,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 // The key's policy changed with the rules: start it afresh.
                 entry.policy = c.policy.clone();
                 entry.pending.clear();
+                entry.doubt.clear();
             }
             entry.commit(c.policy, state, c.cost, *d, now, &inner.dropped);
         }

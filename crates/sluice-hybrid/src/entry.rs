@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_core::{Decision, Policy, Timestamp};
 
-use crate::local::{Local, is_bucket, window_end};
+use crate::local::{Local, add_units, decide, is_bucket, window_end};
+use crate::sync::Floor;
 
 /// One key's entry: its local state, and what it owes the global count.
 #[derive(Debug)]
@@ -33,7 +34,20 @@ pub(crate) struct Entry {
     /// When a sync must read the key, even if it was asked for nothing, to renew its claim
     /// before the allowance lapses.
     pub(crate) renew_at: Timestamp,
+    /// The key's global state as the last successful sync found it, sent back with every sync
+    /// as the floor Redis may not answer below (see `sync.lua`): kept through failed syncs, so
+    /// that a Redis that comes back empty is given back what it held.
+    pub(crate) known: Option<Floor>,
+    /// Units sent by syncs that failed, which Redis may or may not have applied (a call that
+    /// timed out may still run): each batch with the attempt that first sent it, by the end of
+    /// its window as in `pending`. Sent again with that tag, which Redis compares with the last
+    /// attempt of this instance it ran on the key, so that a batch is counted once.
+    pub(crate) doubt: Vec<(u64, Timestamp, u64)>,
 }
+
+/// The most batches in doubt a key keeps apart: beyond them, the oldest two are merged under
+/// the newer tag, which may count the older again (more, never less).
+const DOUBT_BATCHES: usize = 4;
 
 impl Entry {
     pub(crate) fn add_pending(&mut self, end: Timestamp, units: u64, dropped: &AtomicU64) {
@@ -84,13 +98,56 @@ impl Entry {
         self.expires = self.expires.max(now.saturating_add(d.reset_after));
     }
 
-    /// Whether the entry can go: nothing left to push, and its counter full again.
-    pub(crate) fn spent(&self, now: Timestamp) -> bool {
-        self.pending.is_empty() && self.expires <= now
+    /// Counts `cost` units admitted at `now` beyond this store's decision (by a rule's
+    /// `on_store_error` while Redis was away): laid on the local state whatever the limit says,
+    /// and owed to the global count like any admitted unit. The allowance is left alone: these
+    /// units were not the store's to admit.
+    pub(crate) fn admit_anyway(&mut self, cost: u64, now: Timestamp, dropped: &AtomicU64) {
+        // The state as of now (a window that ended rolls over), without consuming.
+        let Some((mut state, _)) = decide(&self.policy, Some(&self.state), now, 0) else {
+            return;
+        };
+        let end = if is_bucket(self.policy.algorithm()) {
+            now
+        } else {
+            window_end(&self.policy, &state)
+        };
+        add_units(&self.policy, &mut state, end, cost, now);
+        self.state = state;
+        self.add_pending(end, cost, dropped);
+        if let Some((_, d)) = decide(&self.policy, Some(&state), now, 0) {
+            self.expires = self.expires.max(now.saturating_add(d.reset_after));
+        }
     }
 
+    /// Keeps `units` of the window ending at `end` that attempt `tag` first sent and that a
+    /// failed sync leaves in doubt.
+    pub(crate) fn add_doubt(&mut self, tag: u64, end: Timestamp, units: u64) {
+        match self
+            .doubt
+            .iter_mut()
+            .find(|(t, e, _)| *t == tag && *e == end)
+        {
+            Some((_, _, u)) => *u = u.saturating_add(units),
+            None => self.doubt.push((tag, end, units)),
+        }
+        if self.doubt.len() > DOUBT_BATCHES {
+            self.doubt.sort_by_key(|(t, _, _)| *t);
+            let (_, end, units) = self.doubt.remove(0);
+            let (newer, _, _) = self.doubt[0];
+            self.doubt.push((newer, end, units));
+        }
+    }
+
+    /// Whether the entry can go: nothing left to push, and its counter full again.
+    pub(crate) fn spent(&self, now: Timestamp) -> bool {
+        self.pending.is_empty() && self.doubt.is_empty() && self.expires <= now
+    }
+
+    /// Units not yet known to be in Redis: pending, and in doubt.
     pub(crate) fn pending_units(&self) -> u64 {
-        self.pending.iter().map(|(_, u)| u).sum()
+        let doubt: u64 = self.doubt.iter().map(|(_, _, u)| u).sum();
+        self.pending.iter().map(|(_, u)| u).sum::<u64>() + doubt
     }
 
     /// What may still be admitted here at `now` before the next sync.
@@ -114,6 +171,8 @@ impl Entry {
             allowance_until: Timestamp::from_nanos(u64::MAX),
             wanted: 0,
             renew_at: Timestamp::EPOCH,
+            known: None,
+            doubt: Vec::new(),
         }
     }
 }

@@ -9,8 +9,8 @@
 //! The parts: `check.rs` decides (the local check path), from each key's bookkeeping in
 //! `entry.rs` and its algorithm state in `local.rs`, within this instance's share (`share.rs`);
 //! `sync_loop.rs` sends every interval's units with the wire of [`sync`] (`sync.lua`, one call
-//! per Cluster slot), and `apply.rs` lays the reply under the keys; `options.rs` and `stats.rs`
-//! hold what a store URL sets and what metrics read.
+//! per Cluster slot), and `apply.rs` lays the reply under the keys; a reset leaves the marker of
+//! `reset.lua`; `options.rs` and `stats.rs` hold what a store URL sets and what metrics read.
 //!
 //! ```no_run
 //! use sluice_core::{Check, Gcra, Policy, Rate, Store};
@@ -82,6 +82,8 @@ struct Inner<C> {
     instances: AtomicU64,
     /// When the last heartbeat was answered (ns on the store's clock; 0: never).
     last_beat: AtomicU64,
+    /// Sync attempts so far, which number the units each first sends (see `sync.lua`).
+    attempts: AtomicU64,
 }
 
 impl<C: Clock> std::fmt::Debug for HybridStore<C> {
@@ -122,6 +124,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 id: instance_id(),
                 instances: AtomicU64::new(1),
                 last_beat: AtomicU64::new(0),
+                attempts: AtomicU64::new(0),
             }),
         }
     }
@@ -189,9 +192,40 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
     }
 
     async fn reset(&self, key: &str) -> StoreResult<bool> {
-        let local = lock(&self.inner.keys).remove(key).is_some();
-        let global = sync::reset_hybrid(&self.inner.redis, key).await?;
-        Ok(local || global)
+        let removed = lock(&self.inner.keys).remove(key);
+        // The marker outlasts what other instances may still know of the key: two of its spans.
+        let span = removed.as_ref().map_or(std::time::Duration::ZERO, |e| {
+            local::span(&e.policy).saturating_mul(2)
+        });
+        let global = sync::reset_hybrid(&self.inner.redis, key, span).await?;
+        Ok(removed.is_some() || global)
+    }
+
+    /// Units a rule's `on_store_error` admitted while this store reported Redis away are this
+    /// instance's to push like its own: they stay pending until a sync reaches Redis, and count
+    /// against the limit from then on (within the two windows pending units are kept for).
+    fn admitted_without_store(&self, checks: &[Check<'_>]) {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let mut keys = lock(&inner.keys);
+        for c in checks.iter().filter(|c| c.cost > 0) {
+            if hybrid_supports(c.policy).is_err() {
+                continue;
+            }
+            if !keys.contains_key(c.key) {
+                if keys.len() >= inner.options.max_keys {
+                    continue;
+                }
+                let Some((fresh, _)) = decide(c.policy, None, now, 0) else {
+                    continue;
+                };
+                let share = self.share(c.policy.limit());
+                keys.insert(c.key.to_owned(), Entry::new(c.policy, fresh, now, share));
+            }
+            if let Some(e) = keys.get_mut(c.key).filter(|e| e.policy == *c.policy) {
+                e.admit_anyway(c.cost, now, &inner.dropped);
+            }
+        }
     }
 
     fn tracked_keys(&self) -> Option<usize> {

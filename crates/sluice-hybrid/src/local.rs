@@ -10,7 +10,7 @@ use sluice_core::{
     TokenBucketState,
 };
 
-use crate::sync::GlobalState;
+use crate::sync::{Floor, GlobalState};
 
 /// A counter's state in the form the core algorithms decide on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +174,24 @@ pub(crate) fn from_global(
     }
 }
 
+/// How long `policy`'s counter takes to go from full use back to none: its window (a sliding
+/// counter's previous window weighs for one more, so two), or the time a bucket takes to refill
+/// its whole limit.
+pub(crate) fn span(policy: &Policy) -> Duration {
+    match policy {
+        Policy::FixedWindow(p) => p.window(),
+        Policy::SlidingCounter(p) => p.window().saturating_mul(2),
+        Policy::TokenBucket(p) => {
+            let per = nanos(p.rate().per());
+            Duration::from_nanos(ceil_mul_div(p.capacity(), per, p.rate().amount().max(1)))
+        }
+        Policy::Gcra(p) => p
+            .emission_interval()
+            .saturating_mul(u32::try_from(p.burst()).unwrap_or(u32::MAX)),
+        _ => Duration::ZERO,
+    }
+}
+
 /// Whether `algorithm` is a bucket (token bucket or GCRA), whose units are dated by when they
 /// were admitted rather than by a window.
 pub(crate) fn is_bucket(algorithm: Algorithm) -> bool {
@@ -211,35 +229,50 @@ pub(crate) fn sync_params(policy: &Policy, now: Timestamp) -> Option<(u64, u64, 
 /// How many integers of the sync script's reply belong to an entry of `policy`.
 pub(crate) fn reply_width(policy: &Policy) -> usize {
     match policy {
-        Policy::SlidingCounter(_) => 4,
-        Policy::FixedWindow(_) => 3,
-        _ => 2,
+        Policy::SlidingCounter(_) => 6,
+        Policy::FixedWindow(_) => 5,
+        _ => 4,
     }
 }
 
-/// The global state and the grant in an entry's integers of the sync script's reply, the first
-/// [`reply_width`] of `n`. `None` for a policy the hybrid store does not hold.
-pub(crate) fn from_reply(policy: &Policy, n: [i64; 4]) -> Option<(GlobalState, i64)> {
+/// The global state, the grant and the floor to send back in an entry's integers of the sync
+/// script's reply, the first [`reply_width`] of `n`: for each algorithm its state's fields, the
+/// grant, then the floor's place on Redis's clock and the key's birth (0: no live window, so no
+/// floor). `None` for a policy the hybrid store does not hold.
+pub(crate) fn from_reply(
+    policy: &Policy,
+    n: [i64; 6],
+) -> Option<(GlobalState, i64, Option<Floor>)> {
     let dur = |n: i64| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    let floor = |at_micros: i64, born_millis: i64, first: u64, second: u64| {
+        (born_millis > 0).then_some(Floor {
+            at_micros,
+            born_millis,
+            first,
+            second,
+        })
+    };
     Some(match (policy, n) {
-        (Policy::FixedWindow(_), [c, e, g, _]) => (
+        (Policy::FixedWindow(_), [c, e, g, at, born, _]) => (
             GlobalState::Window {
                 count: count(c),
                 to_end: dur(e),
             },
             g,
+            floor(at, born, count(c), 0),
         ),
-        (Policy::SlidingCounter(_), [c, p, e, g]) => (
+        (Policy::SlidingCounter(_), [c, p, e, g, at, born]) => (
             GlobalState::Sliding {
                 current: count(c),
                 previous: count(p),
                 to_end: dur(e),
             },
             g,
+            floor(at, born, count(c), count(p)),
         ),
-        (Policy::TokenBucket(_) | Policy::Gcra(_), [b, g, _, _]) => {
-            (GlobalState::Backlog(dur(b)), g)
+        (Policy::TokenBucket(_) | Policy::Gcra(_), [b, g, at, born, _, _]) => {
+            (GlobalState::Backlog(dur(b)), g, floor(at, born, 0, 0))
         }
         _ => return None,
     })

@@ -44,7 +44,10 @@ impl<C: Clock + 'static> HybridStore<C> {
         let inner = &self.inner;
         let keys = lock(&inner.keys);
         let now = inner.clock.now();
-        let pending_keys = keys.values().filter(|e| !e.pending.is_empty()).count();
+        let pending_keys = keys
+            .values()
+            .filter(|e| !e.pending.is_empty() || !e.doubt.is_empty())
+            .count();
         HybridStats {
             sync_lag: now.saturating_since(Timestamp::from_nanos(
                 inner.last_sync.load(Ordering::Relaxed),

@@ -48,6 +48,33 @@ pub struct SyncEntry {
     /// The units an instance may admit on a key it has not synced yet, without a claim: the
     /// sync sets that much aside for every live instance that has no claim on the key.
     pub share: u64,
+    /// The key's state as the instance's last sync of it found it ([`Synced::floor`]): Redis
+    /// raises the key to at least this before adding the units, so that a Redis that lost the
+    /// key (a restart, a failover to a replica behind, a flush) does not hand back less than it
+    /// held. `None` for a key this instance has not synced.
+    pub floor: Option<Floor>,
+    /// The sync attempt that first sent these units ([`Claimant::attempt`], or an earlier one
+    /// that failed): Redis skips them if it has run that attempt, or a later one, of this
+    /// instance on the key, so that units sent again after a call that timed out but ran are
+    /// counted once. 0: always counted.
+    pub tag: u64,
+}
+
+/// A key's state as a sync found it, in the form Redis takes it back as a floor: where the state
+/// lies on Redis's clock, which birth of the key it belongs to, and its counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Floor {
+    /// Microseconds since the epoch on Redis's clock, rounded down: the window's end (fixed
+    /// window), the current window's start (sliding counter), or the theoretical arrival time
+    /// (token bucket, GCRA).
+    pub at_micros: i64,
+    /// When the key (or its window) was first synced, in ms on Redis's clock: a floor is only
+    /// laid on the key it was read from, or on a key Redis no longer holds.
+    pub born_millis: i64,
+    /// The fixed window's count, or the sliding counter's current count; 0 for the buckets.
+    pub first: u64,
+    /// The sliding counter's previous count; 0 for the others.
+    pub second: u64,
 }
 
 /// Who a sync claims for, and how the rest of a limit is split.
@@ -60,6 +87,9 @@ pub struct Claimant<'a> {
     pub ttl: Duration,
     /// The live instances, among which what a limit has left is split.
     pub instances: u64,
+    /// This attempt's number, increasing with each sync of the instance: Redis keeps the last
+    /// it ran on each key in the instance's claim. 0: none kept.
+    pub attempt: u64,
 }
 
 /// A key after a sync: its global state, and the units granted to the instance until its next
@@ -72,6 +102,9 @@ pub struct Synced {
     /// it in Redis so that no other instance counts them as free. `None` when there is no live
     /// window to claim in (a window that starts at a key's first request, with none yet).
     pub grant: Option<u64>,
+    /// The state to send back as the key's floor at the next sync; `None` when there is no live
+    /// window.
+    pub floor: Option<Floor>,
 }
 
 /// A key's global state as Redis holds it after a sync, in durations from the moment the script
@@ -165,7 +198,7 @@ fn push_policy(
 }
 
 /// The numbers of one entry, packed, in the script's argument of entries.
-const ENTRY_BYTES: usize = 5 * 8;
+const ENTRY_BYTES: usize = 10 * 8;
 
 /// The script arguments of one call: the claimant's, then each policy the call's entries name,
 /// once, then every entry packed into one argument, with its policy's number (see `sync.lua`).
@@ -188,18 +221,29 @@ fn call_args(
         if number == next {
             push_policy(&mut policy_args, &e.policy, e.share, now)?;
         }
+        let floor = e.floor.unwrap_or(Floor {
+            at_micros: 0,
+            born_millis: 0,
+            first: 0,
+            second: 0,
+        });
         let fields = [
             signed(number as u64),
             signed(e.units),
             e.to_end_nanos,
             signed(e.keep),
             signed(e.want),
+            floor.at_micros,
+            floor.born_millis,
+            signed(floor.first),
+            signed(floor.second),
+            signed(e.tag),
         ];
         for n in fields {
             packed.extend_from_slice(&n.to_le_bytes());
         }
     }
-    let mut args = Vec::with_capacity(7 + policy_args.len());
+    let mut args = Vec::with_capacity(8 + policy_args.len());
     args.push(offset.to_string().into_bytes());
     args.push(claimant.id.as_bytes().to_vec());
     args.push(whole_millis(claimant.ttl).to_string().into_bytes());
@@ -207,6 +251,7 @@ fn call_args(
     args.push(policies.len().to_string().into_bytes());
     args.extend(policy_args.into_iter().map(String::into_bytes));
     args.push(packed);
+    args.push(claimant.attempt.to_string().into_bytes());
     Ok(args)
 }
 
@@ -218,13 +263,13 @@ fn whole_millis(d: Duration) -> u64 {
 /// One entry's integers of the sync script's reply (see `sync.lua`), [`reply_width`] of them
 /// packed, 8 bytes each.
 fn decode(policy: &Policy, reply: &[u8]) -> StoreResult<Synced> {
-    let mut n = [0i64; 4];
+    let mut n = [0i64; 6];
     for (slot, bytes) in n.iter_mut().zip(reply.chunks_exact(8)) {
         let mut le = [0u8; 8];
         le.copy_from_slice(bytes);
         *slot = i64::from_le_bytes(le);
     }
-    let (state, grant) = from_reply(policy, n).ok_or_else(|| {
+    let (state, grant, floor) = from_reply(policy, n).ok_or_else(|| {
         StoreError::Rejected(format!(
             "the sync script has no state for a {} key",
             policy.algorithm()
@@ -233,6 +278,7 @@ fn decode(policy: &Policy, reply: &[u8]) -> StoreResult<Synced> {
     Ok(Synced {
         state,
         grant: u64::try_from(grant).ok(),
+        floor,
     })
 }
 
@@ -324,9 +370,33 @@ pub async fn sync_batch(
     Ok(states.into_iter().flatten().collect())
 }
 
-/// Forgets a hybrid counter in Redis. Returns whether it existed.
-pub(crate) async fn reset_hybrid(redis: &RedisStore, identity: &str) -> StoreResult<bool> {
-    redis.delete(&hybrid_key(redis, identity)).await
+/// Replaces a hybrid counter's value with a reset marker (`reset.lua`).
+static RESET: LazyLock<Script> = LazyLock::new(|| Script::assemble(include_str!("reset.lua")));
+
+/// How long a reset's marker stays at least: while it does, an instance that read the key before
+/// the reset cannot lay that count back on it (see `sync.lua`).
+const RESET_MARKER_MIN: Duration = Duration::from_secs(24 * 3600);
+
+/// Forgets a hybrid counter in Redis, leaving a marker for `span` (at least
+/// [`RESET_MARKER_MIN`]) so that the floors other instances read before are not laid on it.
+/// Returns whether it held a count.
+pub(crate) async fn reset_hybrid(
+    redis: &RedisStore,
+    identity: &str,
+    span: Duration,
+) -> StoreResult<bool> {
+    let key = [hybrid_key(redis, identity)];
+    let args = [
+        redis.time_offset().to_string(),
+        whole_millis(span.max(RESET_MARKER_MIN)).to_string(),
+    ];
+    let replies = redis.eval_each(&RESET, &[(&key[..], &args[..])]).await?;
+    match replies.first() {
+        Some(Value::Int(n)) => Ok(*n > 0),
+        other => Err(StoreError::Rejected(format!(
+            "the reset script answered {other:?}; expected an integer"
+        ))),
+    }
 }
 
 #[cfg(test)]

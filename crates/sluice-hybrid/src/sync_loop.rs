@@ -37,6 +37,9 @@ impl<C: Clock + 'static> HybridStore<C> {
         let _one = inner.syncing.lock().await;
         let now = inner.clock.now();
         let ttl = self.claim_ttl();
+        // This attempt's number: the units it sends first carry it, and Redis keeps the last it
+        // ran with this instance's claim on each key.
+        let attempt = inner.attempts.fetch_add(1, Ordering::Relaxed) + 1;
         let mut entries: Vec<SyncEntry> = Vec::new();
         {
             let mut keys = lock(&inner.keys);
@@ -51,7 +54,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 // claim: a key that sees a request now and then costs Redis a few reads a
                 // second, not one every interval. A key in the negative cache is not read.
                 let idle = e.wanted == 0 && now < e.renew_at;
-                if e.pending.is_empty() && (e.quiet_until > now || idle) {
+                if e.pending.is_empty() && e.doubt.is_empty() && (e.quiet_until > now || idle) {
                     return true;
                 }
                 e.renew_at = now.saturating_add(ttl / 4);
@@ -64,7 +67,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 e.allowance = keep;
                 e.wanted = 0;
                 let share = self.share(e.policy.limit()).min(e.policy.limit());
-                if e.pending.is_empty() {
+                if e.pending.is_empty() && e.doubt.is_empty() {
                     entries.push(SyncEntry {
                         key: key.clone(),
                         policy: e.policy.clone(),
@@ -73,10 +76,19 @@ impl<C: Clock + 'static> HybridStore<C> {
                         keep,
                         want,
                         share,
+                        floor: e.known,
+                        tag: attempt,
                     });
                     return true;
                 }
-                for (end, units) in e.pending.drain(..) {
+                // Batches in doubt first, each under the attempt that first sent it, then the
+                // units admitted since, under this one: a key's entries follow each other.
+                let fresh = e
+                    .pending
+                    .drain(..)
+                    .map(|(end, units)| (attempt, end, units));
+                let batches: Vec<(u64, Timestamp, u64)> = e.doubt.drain(..).chain(fresh).collect();
+                for (tag, end, units) in batches {
                     let to_end = i128::from(end.as_nanos()) - i128::from(now.as_nanos());
                     entries.push(SyncEntry {
                         key: key.clone(),
@@ -86,6 +98,8 @@ impl<C: Clock + 'static> HybridStore<C> {
                         keep,
                         want,
                         share,
+                        floor: e.known,
+                        tag,
                     });
                 }
                 true
@@ -106,6 +120,7 @@ impl<C: Clock + 'static> HybridStore<C> {
             id: &inner.id,
             ttl,
             instances: inner.instances.load(Ordering::Relaxed),
+            attempt,
         };
         let claimed_alone = claimant.instances <= 1;
         let (beat, synced) = tokio::join!(
@@ -136,15 +151,17 @@ impl<C: Clock + 'static> HybridStore<C> {
             Err(e) => {
                 inner.sync_failures.fetch_add(1, Ordering::Relaxed);
                 inner.away.store(true, Ordering::Relaxed);
+                // Redis may have run the calls (one that timed out may still run): their units
+                // are in doubt, sent again under the attempt that first sent them, which Redis
+                // counts only if it has not run that attempt or a later one on the key.
                 let mut keys = lock(&inner.keys);
-                let now = inner.clock.now();
                 for s in entries.into_iter().filter(|s| s.units > 0) {
                     let Some(entry) = keys.get_mut(&s.key) else {
                         continue;
                     };
                     let at = i128::from(now.as_nanos()) + i128::from(s.to_end_nanos);
                     let end = Timestamp::from_nanos(u64::try_from(at.max(1)).unwrap_or(u64::MAX));
-                    entry.add_pending(end, s.units, &inner.dropped);
+                    entry.add_doubt(s.tag, end, s.units);
                 }
                 Err(e)
             }

@@ -13,6 +13,7 @@ const ALONE: Claimant<'static> = Claimant {
     id: "instance-a",
     ttl: Duration::from_millis(500),
     instances: 1,
+    attempt: 0,
 };
 
 /// The application clock the store dates windows by, in ns: 20 ms into an hour, as Redis's is.
@@ -54,6 +55,8 @@ async fn a_sync_call_carries_many_policies_and_a_key_twice() {
             keep: 0,
             want: 0,
             share: 0,
+            floor: None,
+            tag: 0,
         };
         let entries = [
             entry("gcra-slow", &gcra_slow, 3, 0),
@@ -128,6 +131,8 @@ async fn a_sync_call_of_thousands_of_keys_answers_every_key_in_its_place() {
             keep: 0,
             want: 0,
             share: 0,
+            floor: None,
+            tag: 0,
         })
         .collect();
     for round in 1..=2u64 {
@@ -144,4 +149,52 @@ async fn a_sync_call_of_thousands_of_keys_answers_every_key_in_its_place() {
             assert_eq!(s.grant, Some(1_000 - round * units(i)), "key {i}");
         }
     }
+}
+
+/// Units sent again under the attempt that first sent them are counted once: Redis keeps the
+/// last attempt it ran of the instance on the key, so a call that timed out but ran, followed
+/// by the next attempt with the same units, or by the late run of an older attempt, adds nothing
+/// twice; units of a later attempt are counted.
+#[tokio::test]
+async fn units_sent_again_under_their_attempt_are_counted_once() {
+    use sluice_hybrid::sync::{GlobalState, SyncEntry};
+
+    let server = RedisServer::start();
+    let store = store_at_hour_start(&server).await;
+    let hour = Duration::from_secs(3600);
+    let fixed: Policy = FixedWindow::new(100, hour, Alignment::Clock { utc_offset_secs: 0 })
+        .unwrap()
+        .into();
+    let now = store_now(&store);
+    let end = now - now % hour.as_nanos() as i128 + hour.as_nanos() as i128;
+    let entry = |units: u64, tag: u64| SyncEntry {
+        key: "attempts".to_owned(),
+        policy: fixed.clone(),
+        units,
+        to_end_nanos: i64::try_from(end - now).unwrap(),
+        keep: 0,
+        want: 0,
+        share: 0,
+        floor: None,
+        tag,
+    };
+    let count = |entries: Vec<SyncEntry>, attempt: u64| {
+        let store = store.clone();
+        async move {
+            let claimant = Claimant { attempt, ..ALONE };
+            let synced = sync_batch(&store, &entries, 512, claimant).await.unwrap();
+            match synced.last().unwrap().state {
+                GlobalState::Window { count, .. } => count,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    // Attempt 1 runs (its answer lost, say); attempt 2 sends its 5 again with 3 of its own.
+    assert_eq!(count(vec![entry(5, 1)], 1).await, 5);
+    assert_eq!(count(vec![entry(5, 1), entry(3, 2)], 2).await, 8);
+    // Attempt 1 again, late: nothing; attempt 3 with units of its own, and 2's again.
+    assert_eq!(count(vec![entry(5, 1)], 1).await, 8);
+    assert_eq!(count(vec![entry(3, 2), entry(4, 3)], 3).await, 12);
+    // Untagged units are always counted, as an instance of an earlier layout sends them.
+    assert_eq!(count(vec![entry(1, 0)], 0).await, 13);
 }

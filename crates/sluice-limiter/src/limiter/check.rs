@@ -253,7 +253,8 @@ impl Limiter {
     }
 
     /// The decisions of `batch` when the store failed with `e`: each check's `on_store_error`
-    /// (`on_error` of its position).
+    /// (`on_error` of its position). When they admit the batch, the store is told, so that a
+    /// store that pushes usage later (the hybrid store) counts what was admitted without it.
     pub(super) async fn without_store(
         &self,
         batch: &[Check<'_>],
@@ -267,7 +268,11 @@ impl Limiter {
             tracing::warn!(error = %e, transient = e.is_transient(), errors_so_far = before + 1, "store failed; applying on_store_error");
         }
         let modes: Vec<OnStoreError> = (0..batch.len()).map(on_error).collect();
-        decide_without_store(batch, &modes, &self.local, self.deny_retry).await
+        let decisions = decide_without_store(batch, &modes, &self.local, self.deny_retry).await;
+        if decisions.iter().all(|d| d.allowed) {
+            self.store.admitted_without_store(batch);
+        }
+        decisions
     }
 }
 
@@ -277,4 +282,77 @@ fn answers(decisions: Vec<Decision>, store_failed: bool) -> impl Iterator<Item =
         decision,
         store_failed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use sluice_core::{Check, Decision, Policy, Store, StoreError, StoreResult};
+    use sluice_rules::Reloader;
+
+    use crate::metrics::Metrics;
+    use crate::request::{LimitRequest, RequestDescriptor};
+    use crate::{Limiter, Verdict};
+
+    /// A store that is always away, and keeps what it is told `on_store_error` admitted.
+    #[derive(Default)]
+    struct Away {
+        told: Mutex<Vec<(String, u64)>>,
+    }
+
+    impl Store for Away {
+        async fn check(&self, _checks: &[Check<'_>]) -> StoreResult<Vec<Decision>> {
+            Err(StoreError::Unavailable("away".into()))
+        }
+
+        async fn peek(&self, _key: &str, _policy: &Policy) -> StoreResult<Decision> {
+            Err(StoreError::Unavailable("away".into()))
+        }
+
+        async fn reset(&self, _key: &str) -> StoreResult<bool> {
+            Err(StoreError::Unavailable("away".into()))
+        }
+
+        fn admitted_without_store(&self, checks: &[Check<'_>]) {
+            let mut told = self.told.lock().unwrap();
+            told.extend(checks.iter().map(|c| (c.key.to_owned(), c.cost)));
+        }
+    }
+
+    async fn decide(store: &Arc<Away>, on_store_error: &str, value: &str) -> Verdict {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.yaml");
+        let rules = format!(
+            "domain: d\non_store_error: {on_store_error}\ndescriptors:\n  - key: k\n    \
+             rate_limit: {{unit: minute, requests_per_unit: 100}}\n"
+        );
+        std::fs::write(&path, rules).unwrap();
+        let limiter = Limiter::new(
+            Reloader::new(vec![path]).unwrap(),
+            store.clone(),
+            Arc::new(Metrics::new()),
+        );
+        let request = LimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RequestDescriptor {
+                entries: vec![("k".into(), value.into())],
+                ..Default::default()
+            }],
+            cost: 3,
+        };
+        limiter.decide(&request).await.unwrap()
+    }
+
+    /// What `on_store_error: allow` admits while the store is away is told to the store, with
+    /// its cost, so that a store that pushes usage later counts it; what `deny` refuses is not.
+    #[tokio::test]
+    async fn the_store_hears_what_on_store_error_admitted() {
+        let store = Arc::new(Away::default());
+        assert!(decide(&store, "allow", "a").await.allowed);
+        assert!(!decide(&store, "deny", "b").await.allowed);
+        let told = store.told.lock().unwrap().clone();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert!(told[0].0.contains('a') && told[0].1 == 3, "{told:?}");
+    }
 }
