@@ -1,8 +1,11 @@
 //! Envoy's token-quota flow (check with a per-descriptor hits_addend of 0, then report the
 //! usage) on the Redis store, standalone and Cluster: the usage reported past a limit is kept
-//! on a second counter of the same window, in the same slot, so every instance sees it.
+//! on a second counter of the same window, in the same slot, so every instance sees it. And
+//! envoyproxy/ratelimit's multi-service token quota, its checks on one instance and its
+//! reports on another: while one service's quota is over, requests go to the other; a check
+//! with 0 on a counter that holds nothing yet reports the rest of the day, on Redis's clock.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry,
@@ -13,7 +16,7 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice_redis::testing::{shared_cluster, shared_server, unique_prefix};
 use sluice_server::{ServeOptions, Server};
 use sluice_test_support::rules_file;
-use sluice_test_support::window::LatestWindow;
+use sluice_test_support::window::{LatestWindow, clock_window};
 use tonic::transport::Channel;
 
 /// What the flow checks on one counter: the hits reported, the descriptor's code, and what
@@ -118,4 +121,134 @@ async fn the_token_quota_flow_holds_on_a_redis_server() {
 #[tokio::test]
 async fn the_token_quota_flow_holds_on_a_redis_cluster() {
     flow(shared_cluster().url()).await;
+}
+
+/// Two services' token quotas, as envoyproxy/ratelimit's multi-service example gives them (one
+/// a day and two a day here, so that no window ends within the test but at midnight UTC): each
+/// value of the key is a counter of its own.
+const SERVICES: &str = "domain: ai
+descriptors:
+  - key: gold
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+    metadata: {service: gold}
+  - key: silver
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 2}
+    metadata: {service: silver}
+";
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+async fn multi_service(store: String) {
+    let (rules, _dir) = rules_file("rules.yaml", SERVICES);
+    let start = |prefix: String| {
+        let mut options = ServeOptions::new(vec![rules.clone()]);
+        options.http_addr = "127.0.0.1:0".parse().unwrap();
+        options.grpc_addr = "127.0.0.1:0".parse().unwrap();
+        options.store = store.clone();
+        options.store_settings.prefix = prefix;
+        options.envoy.dynamic_metadata = true;
+        Server::start(options)
+    };
+    // Checks go to one instance, reports to the other.
+    let prefix = unique_prefix();
+    let a = start(prefix.clone()).await.unwrap();
+    let b = start(prefix).await.unwrap();
+    let connect = |s: &Server| RateLimitServiceClient::connect(format!("http://{}", s.grpc_addr()));
+    let (mut checks, mut reports) = (connect(&a).await.unwrap(), connect(&b).await.unwrap());
+    for team in ["team-1", "team-2"] {
+        let day = clock_window(DAY);
+        let served = route_six(&mut checks, &mut reports, team).await;
+        if clock_window(DAY) != day {
+            // Midnight UTC passed during the flow: once more, on other counters.
+            assert_eq!(team, "team-1", "a second day ended within the test");
+            continue;
+        }
+        assert_eq!(
+            served,
+            ["gold", "gold", "silver", "silver", "silver", "refused"],
+            "{team}"
+        );
+        break;
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Six requests for `team` through Envoy as the example routes them: both quotas checked with
+/// 0 on `checks`, the request sent to the service the answer's metadata names, and its usage
+/// reported with 1 on `reports`. Which service served each, or `refused`. The first check, on
+/// counters that hold nothing yet, reports the rest of the day for both.
+async fn route_six(
+    checks: &mut RateLimitServiceClient<Channel>,
+    reports: &mut RateLimitServiceClient<Channel>,
+    team: &str,
+) -> Vec<String> {
+    let ask = |services: &[(&str, u64)]| RateLimitRequest {
+        domain: "ai".into(),
+        descriptors: services
+            .iter()
+            .map(|(service, n)| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: (*service).into(),
+                    value: team.into(),
+                }],
+                hits_addend: Some(UInt64Value { value: *n }),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    };
+    let mut served = Vec::new();
+    for step in 0..6 {
+        let before = rest_of_day();
+        let r = checks
+            .should_rate_limit(ask(&[("gold", 0), ("silver", 0)]))
+            .await
+            .unwrap()
+            .into_inner();
+        let after = rest_of_day();
+        if step == 0 && after <= before {
+            for s in &r.statuses {
+                let reset = s.duration_until_reset.expect("a reset").seconds;
+                let reset = u64::try_from(reset).unwrap();
+                assert!(
+                    after.as_secs() <= reset && reset <= before.as_secs() + 1,
+                    "{reset} s, the rest of the day being {after:?} to {before:?}"
+                );
+            }
+        }
+        if r.overall_code != Code::Ok as i32 {
+            served.push("refused".to_owned());
+            continue;
+        }
+        let metadata =
+            sluice_server::metadata::struct_json(r.dynamic_metadata.as_ref().expect("metadata"));
+        let service = metadata["metadata"]["service"].as_str().unwrap().to_owned();
+        reports
+            .should_rate_limit(ask(&[(service.as_str(), 1)]))
+            .await
+            .unwrap();
+        served.push(service);
+    }
+    served
+}
+
+/// How long this machine's clock (which `redis-server` reads too) has until midnight UTC.
+fn rest_of_day() -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("a clock after 1970");
+    DAY - Duration::from_nanos(u64::try_from(now.as_nanos() % DAY.as_nanos()).unwrap())
+}
+
+#[tokio::test]
+async fn the_multi_service_token_quota_holds_on_a_redis_server() {
+    multi_service(shared_server().url()).await;
+}
+
+#[tokio::test]
+async fn the_multi_service_token_quota_holds_on_a_redis_cluster() {
+    multi_service(shared_cluster().url()).await;
 }

@@ -2,8 +2,9 @@
 //! to the store together, all or nothing; shadow and soft limits go separately, so that one of
 //! them refusing never stops a passing request from being counted. Envoy's `quota_mode` drops
 //! the quota descriptors that refuse and checks the rest again, and Envoy's per-descriptor
-//! `hits_addend` is counted Envoy's way (`envoy_hits.rs`). When the store fails, each rule's
-//! `on_store_error` decides (`sluice_core::decide_without_store`).
+//! `hits_addend` is counted Envoy's way (`envoy_hits.rs`), first: a quota descriptor it finds
+//! over drops out like any refused quota descriptor, before the rest is counted. When the store
+//! fails, each rule's `on_store_error` decides (`sluice_core::decide_without_store`).
 
 use sluice_core::{Check, Decision, OnStoreError, StoreError, decide_without_store};
 use sluice_rules::MatchedCheck;
@@ -48,8 +49,9 @@ impl IntoIterator for Answers {
 pub(super) struct Checked {
     /// Whether every enforced limit admitted the request, Envoy's `quota_mode` applied.
     pub(super) allowed: bool,
-    /// Whether usage reported Envoy's way went over a limit: the request is refused, whatever
-    /// the service-wide quota mode says.
+    /// Whether usage reported Envoy's way went over a limit that is not a quota limit: the
+    /// request is refused. (Over a quota limit, its descriptor only drops out, as Envoy's
+    /// `quota_mode` has it.)
     pub(super) over_reported: bool,
     /// Each planned check's answer.
     pub(super) answers: Answers,
@@ -59,7 +61,9 @@ pub(super) struct Checked {
 struct Enforced {
     /// Whether every enforced limit still checked admitted the request.
     allowed: bool,
-    answers: Vec<Answer>,
+    /// Each enforced limit's answer, in the order they were asked for (always present: a
+    /// limit not counted is looked at).
+    answers: Vec<Option<Answer>>,
 }
 
 impl Limiter {
@@ -82,15 +86,18 @@ impl Limiter {
         }
 
         // Envoy's per-descriptor hits_addend on Envoy-style limits is counted as Envoy counts
-        // it, first and on its own; when it goes over, the request is refused and the other
-        // enforced limits are only looked at.
+        // it, first and on its own; when it goes over an ordinary limit, the request is refused
+        // and the other enforced limits are only looked at. Over a quota limit, its descriptor
+        // drops out of the request as a refused quota descriptor does (`check_enforced`).
         let mut hits: Vec<(usize, Answer)> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
             if let Some(over) = reported_beyond(request, c) {
                 hits.push((i, self.check_envoy_hits(c, over).await));
             }
         }
-        let over_reported = hits.iter().any(|(_, a)| !a.decision.allowed);
+        let over_reported = hits
+            .iter()
+            .any(|(i, a)| !a.decision.allowed && !plan.quota(&checks[*i]));
 
         let (enforced, observed): (Vec<usize>, Vec<usize>) = (0..checks.len())
             .filter(|i| !hits.iter().any(|(h, _)| h == i))
@@ -100,28 +107,28 @@ impl Limiter {
             let (decisions, store_failed) = self.check_group(checks, &enforced, true).await;
             let held = Enforced {
                 allowed: false,
-                answers: answers(decisions, store_failed).collect(),
+                answers: answers(decisions, store_failed).map(Some).collect(),
             };
             (held, self.check_group(checks, &observed, false).await)
         } else if observed.is_empty() {
             (
-                self.check_enforced(plan, &enforced).await,
+                self.check_enforced(plan, &enforced, &hits).await,
                 (Vec::new(), false),
             )
         } else {
             tokio::join!(
-                self.check_enforced(plan, &enforced),
+                self.check_enforced(plan, &enforced, &hits),
                 self.check_group(checks, &observed, false)
             )
         };
         // With no shadow or soft limit and no Envoy hits (the usual case), the enforced group
         // is every check, in order.
         let answers = if observed.is_empty() && hits.is_empty() {
-            held.answers.into_iter().map(Some).collect()
+            held.answers
         } else {
             let mut each = vec![None; checks.len()];
             for (&i, answer) in enforced.iter().zip(held.answers) {
-                each[i] = Some(answer);
+                each[i] = answer;
             }
             for (&i, answer) in observed.iter().zip(answers(seen, seen_failed)) {
                 each[i] = Some(answer);
@@ -138,49 +145,93 @@ impl Limiter {
         }
     }
 
-    /// Checks the enforced limits at `which` all-or-nothing. With quota limits in the plan,
+    /// Checks the enforced limits at `which` all-or-nothing, beside the Envoy-counted
+    /// `settled` answers (counted already, on their own). With quota limits in the plan,
     /// Envoy's `quota_mode` applies: a quota descriptor that is refused drops out and the rest
     /// are checked again without it, so that the request passes, consuming from every other
-    /// limit, as long as one quota descriptor admits it. A refused quota descriptor's answers
-    /// are from the round that refused it, which consumed nothing.
-    async fn check_enforced(&self, plan: &Plan, which: &[usize]) -> Enforced {
+    /// limit, as long as one quota descriptor admits it (a settled one included). A quota
+    /// descriptor `settled` refused drops out before anything is counted. A refused quota
+    /// descriptor's answers are from the round that refused it, which consumed nothing, or,
+    /// for one that dropped out first, from a look that counts nothing.
+    async fn check_enforced(
+        &self,
+        plan: &Plan,
+        which: &[usize],
+        settled: &[(usize, Answer)],
+    ) -> Enforced {
         let checks = &plan.checks;
-        let (decisions, store_failed) = self.check_group(checks, which, false).await;
-        let mut out = Enforced {
-            allowed: decisions.iter().all(|d| d.allowed),
-            answers: answers(decisions, store_failed).collect(),
-        };
-        if out.allowed || !checks.iter().any(|c| plan.quota(c)) {
-            return out;
-        }
-        // Positions in `which` still checked; each round drops at least one quota descriptor.
-        let mut active: Vec<usize> = (0..which.len()).collect();
+        let descriptor = |k: usize| checks[which[k]].descriptor;
+        // The descriptors out of the request, and the positions in `which` still checked.
+        let mut out: Vec<usize> = settled
+            .iter()
+            .filter(|(_, a)| !a.decision.allowed)
+            .map(|(i, _)| checks[*i].descriptor)
+            .collect();
+        let (mut active, first_out): (Vec<usize>, Vec<usize>) =
+            (0..which.len()).partition(|&k| !out.contains(&descriptor(k)));
+        let mut answers = vec![None; which.len()];
+        self.look(plan, which, &first_out, &mut answers).await;
         loop {
-            let refused = |k: &usize| !out.answers[*k].decision.allowed;
-            if active
-                .iter()
-                .any(|k| refused(k) && !plan.quota(&checks[which[*k]]))
+            // Once a quota descriptor is out, the request passes only while one still stands.
+            let standing = active.iter().any(|&k| plan.quota(&checks[which[k]]))
+                || settled.iter().any(|(i, a)| {
+                    a.decision.allowed
+                        && plan.quota(&checks[*i])
+                        && !out.contains(&checks[*i].descriptor)
+                });
+            if !out.is_empty() && !standing {
+                let unanswered: Vec<usize> = active
+                    .iter()
+                    .copied()
+                    .filter(|&k| answers[k].is_none())
+                    .collect();
+                self.look(plan, which, &unanswered, &mut answers).await;
+                return Enforced {
+                    allowed: false,
+                    answers,
+                };
+            }
+            // The first round of a request with nothing out asks for `which` as it is.
+            let (decisions, store_failed) = if active.len() == which.len() {
+                self.check_group(checks, which, false).await
+            } else {
+                let again: Vec<usize> = active.iter().map(|&k| which[k]).collect();
+                self.check_group(checks, &again, false).await
+            };
+            let allowed = decisions.iter().all(|d| d.allowed);
+            for (&k, answer) in active.iter().zip(self::answers(decisions, store_failed)) {
+                answers[k] = Some(answer);
+            }
+            let refused = |k: &usize| answers[*k].is_some_and(|a| !a.decision.allowed);
+            if allowed
+                || active
+                    .iter()
+                    .any(|k| refused(k) && !plan.quota(&checks[which[*k]]))
             {
-                return out;
+                return Enforced { allowed, answers };
             }
-            let dropped: Vec<usize> = active
-                .iter()
-                .filter(|k| refused(k))
-                .map(|k| checks[which[*k]].descriptor)
-                .collect();
-            active.retain(|k| !dropped.contains(&checks[which[*k]].descriptor));
-            if !active.iter().any(|k| plan.quota(&checks[which[*k]])) {
-                return out;
-            }
-            let again: Vec<usize> = active.iter().map(|k| which[*k]).collect();
-            let (decisions, store_failed) = self.check_group(checks, &again, false).await;
-            out.allowed = decisions.iter().all(|d| d.allowed);
-            for (k, answer) in active.iter().zip(answers(decisions, store_failed)) {
-                out.answers[*k] = answer;
-            }
-            if out.allowed {
-                return out;
-            }
+            // Only quota descriptors refused: each round drops at least one.
+            out.extend(active.iter().filter(|k| refused(k)).map(|&k| descriptor(k)));
+            active.retain(|&k| !out.contains(&descriptor(k)));
+        }
+    }
+
+    /// Looks at the enforced limits at positions `at` of `which`, counting nothing, into
+    /// `answers`: for limits of a request that is refused, or of a descriptor that dropped out.
+    async fn look(
+        &self,
+        plan: &Plan,
+        which: &[usize],
+        at: &[usize],
+        answers: &mut [Option<Answer>],
+    ) {
+        if at.is_empty() {
+            return;
+        }
+        let indices: Vec<usize> = at.iter().map(|&k| which[k]).collect();
+        let (decisions, store_failed) = self.check_group(&plan.checks, &indices, true).await;
+        for (&k, answer) in at.iter().zip(self::answers(decisions, store_failed)) {
+            answers[k] = Some(answer);
         }
     }
 

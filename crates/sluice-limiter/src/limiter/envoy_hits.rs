@@ -3,7 +3,8 @@
 //! beyond it goes to a second counter of the same window (the key with `:over`), so the count
 //! is the two together:
 //! - a cost of 0 is over the limit only when the count is above it (at exactly the limit it
-//!   passes, as in Envoy);
+//!   passes, as in Envoy), and its reset is the rest of the window even on a counter that holds
+//!   nothing yet, as Envoy reports it for every limit it matched;
 //! - a cost that fits is counted like any other; one that does not is counted anyway: what fits
 //!   fills the limit and the rest goes over it, in one atomic call (taken again if a concurrent
 //!   request took the room meanwhile), and the answer is `OVER_LIMIT`.
@@ -32,14 +33,28 @@ impl Limiter {
         let beyond_key = over_key(&c.key);
         let on_error = |_| c.rule.on_store_error;
         if c.cost == 0 {
-            let pair = [
+            // A counter that holds nothing is full, so the store gives it no reset; Envoy gives
+            // the rest of the window. A window of the same grid that admits nothing tells it:
+            // its refusal carries the time until its window ends. Asked with a cost of 0, on a
+            // key of its own that nothing ever writes, it changes no state in any store.
+            let edge = c
+                .rule
+                .policy
+                .envoy_overflow(0)
+                .unwrap_or_else(|| over.clone());
+            let edge_key = window_key(&c.key);
+            let batch = [
                 Check::new(&c.key, &c.rule.policy, 0),
                 Check::new(&beyond_key, &over, 0),
+                Check::new(&edge_key, &edge, 0),
             ];
-            let (ds, store_failed) = self.check_batch(&pair, on_error).await;
+            let (ds, store_failed) = self.check_batch(&batch, on_error).await;
             let (mut d, beyond) = (ds[0], OVER_CAPACITY.saturating_sub(ds[1].remaining));
             if !store_failed {
                 d.allowed = beyond == 0;
+                d.reset_after = ds[2].reset_after;
+                // Over, it passes again when the window ends and both counters with it.
+                d.retry_after = d.reset_after;
             }
             if d.allowed {
                 d.retry_after = Duration::ZERO;
@@ -92,4 +107,10 @@ pub(super) fn reported_beyond(request: &LimitRequest, c: &MatchedCheck) -> Optio
 /// in the same Cluster slot, as the hash tag is kept.
 pub(super) fn over_key(key: &str) -> String {
     format!("{key}:over")
+}
+
+/// The key a check with 0 asks about the end of `key`'s window: never written (it is only
+/// asked with a cost of 0), in the same Cluster slot.
+fn window_key(key: &str) -> String {
+    format!("{key}:window")
 }

@@ -2,12 +2,14 @@
 //! client. Counters live in a memory store on a fake clock, so no test depends on timing.
 //!
 //! One test binary, its tests by feature: Envoy's gRPC protocol (`grpc`), envoyproxy/ratelimit's
-//! answers and settings over gRPC and `/json` (`envoy_compat`), the HTTP API (`http_api`), the
+//! answers and settings over gRPC and `/json` (`envoy_compat`), Envoy's quota flows as its
+//! repository runs them (`envoy_quota_flows`), the HTTP API (`http_api`), the
 //! admin endpoints (`admin`), and starting and stopping (`lifecycle`); the server they share and
 //! the calls they repeat are in `harness`.
 
 mod admin;
 mod envoy_compat;
+mod envoy_quota_flows;
 mod grpc;
 mod harness;
 mod hostile_connections;
