@@ -27,7 +27,7 @@ use sluice_rules::Reloader;
 
 use crate::activity::{DecisionHistory, ReloadLog};
 use crate::metrics::{Metrics, Snapshot};
-use crate::metrics_page::{MetricsPages, PagesHeld};
+use crate::metrics_page::MetricsPages;
 use crate::open_store::OpenStore;
 use crate::request::{InvalidRequest, LimitRequest};
 use crate::store_telemetry::StoreTelemetry;
@@ -130,10 +130,10 @@ impl Limiter {
     }
 
     /// The metrics page for a scrape: [`render_metrics`](Self::render_metrics) at most once a
-    /// second, shared by the scrapes of that second, or refused while clients that do not
-    /// read their answers hold [`MAX_PAGES`](crate::metrics_page::MAX_PAGES) pages
-    /// ([`metrics_page`](crate::metrics_page)).
-    pub fn metrics_page(&self) -> Result<bytes::Bytes, PagesHeld> {
+    /// second, shared by the scrapes of that second, or the newest page however old while
+    /// clients that do not read their answers hold
+    /// [`MAX_PAGES`](crate::metrics_page::MAX_PAGES) pages ([`metrics_page`](crate::metrics_page)).
+    pub fn metrics_page(&self) -> bytes::Bytes {
         self.pages.page(|| self.render_metrics())
     }
 

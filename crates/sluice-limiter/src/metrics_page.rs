@@ -10,7 +10,8 @@
 //! old is answered with that same page; once every answer of it has been sent, the next scrape
 //! renders a new one, so that scrapes one after another see the counters move. A page held by
 //! an answer stays counted until the last one is sent or dropped; while [`MAX_PAGES`] are held,
-//! a scrape that would need another is refused ([`PagesHeld`]) rather than render one more.
+//! a scrape that would need another gets the newest page, however old, rather than render one
+//! more: clients that never read can make the counters others see stale, never refuse them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,35 +37,29 @@ pub struct MetricsPages {
     alive: Arc<AtomicUsize>,
 }
 
-/// A scrape was refused: [`MAX_PAGES`] pages are still held by answers not yet read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{MAX_PAGES} metrics pages are still being sent to clients that do not read them; try again shortly"
-)]
-pub struct PagesHeld;
-
 impl MetricsPages {
     /// The page to answer a scrape with: the last one while an answer still holds it and it is
-    /// fresh, else a new one from `render` (rendered while holding the lock, so that
-    /// concurrent scrapes wait for one render instead of each making its own), unless
-    /// [`MAX_PAGES`] are held.
-    pub fn page(&self, render: impl FnOnce() -> String) -> Result<Bytes, PagesHeld> {
+    /// fresh, or however old while [`MAX_PAGES`] are held; else a new one from `render`
+    /// (rendered while holding the lock, so that concurrent scrapes wait for one render instead
+    /// of each making its own). A last page no answer holds is replaced, so a new page never
+    /// makes more pages alive than [`MAX_PAGES`].
+    pub fn page(&self, render: impl FnOnce() -> String) -> Bytes {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         if let Some((at, page)) = &*last {
             // More than this reference: an answer is still being sent.
-            if Arc::strong_count(page) > 1 && now.duration_since(*at) < PAGE_FRESH_FOR {
-                return Ok(Bytes::from_owner(Shared(Arc::clone(page))));
+            if Arc::strong_count(page) > 1
+                && (now.duration_since(*at) < PAGE_FRESH_FOR
+                    || self.alive.load(Ordering::Acquire) >= MAX_PAGES)
+            {
+                return Bytes::from_owner(Shared(Arc::clone(page)));
             }
         }
         // The last page is no longer handed out; it lives on only in the answers holding it.
         *last = None;
-        if self.alive.load(Ordering::Acquire) >= MAX_PAGES {
-            return Err(PagesHeld);
-        }
         let page = Arc::new(Page::new(render(), &self.alive));
         *last = Some((now, Arc::clone(&page)));
-        Ok(Bytes::from_owner(Shared(page)))
+        Bytes::from_owner(Shared(page))
     }
 }
 
@@ -112,26 +107,30 @@ mod tests {
             renders += 1;
             format!("page {renders}")
         };
-        let first = pages.page(&mut render).unwrap();
-        assert_eq!(pages.page(&mut render).unwrap(), first, "held: shared");
+        let first = pages.page(&mut render);
+        assert_eq!(pages.page(&mut render), first, "held: shared");
         drop(first);
         assert_eq!(
-            pages.page(&mut render).unwrap(),
+            pages.page(&mut render),
             "page 2".as_bytes(),
             "sent: rendered anew"
         );
         let mut held = Vec::new();
         for n in 3..3 + MAX_PAGES {
             tokio::time::advance(PAGE_FRESH_FOR).await;
-            let page = pages.page(&mut render).unwrap();
+            let page = pages.page(&mut render);
             assert_eq!(page, format!("page {n}").as_bytes());
             held.push(page);
         }
         tokio::time::advance(PAGE_FRESH_FOR).await;
-        assert_eq!(pages.page(&mut render), Err(PagesHeld));
+        assert_eq!(
+            pages.page(&mut render),
+            format!("page {}", 2 + MAX_PAGES).as_bytes(),
+            "with every page held, the newest is shared however old: no page more"
+        );
         held.remove(0);
         assert_eq!(
-            pages.page(&mut render).unwrap(),
+            pages.page(&mut render),
             format!("page {}", 3 + MAX_PAGES).as_bytes(),
             "a page given back makes room"
         );
