@@ -544,10 +544,11 @@ impl RedisStore {
         inner.refunds.fetch_add(1, Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let refund = self.script(&scripts::REFUND);
-        let results = join_all(calls.iter().map(|(k, a): &(Vec<String>, Vec<String>)| {
-            inner.conn.eval(refund, k, a, deadline)
-        }))
-        .await;
+        let results =
+            join_all(calls.iter().map(|(k, a): &(Vec<String>, Vec<String>)| {
+                inner.conn.eval(refund, k, a, deadline)
+            }))
+            .await;
         let failed = results.iter().filter(|r| r.is_err()).count() as u64;
         inner.refund_failures.fetch_add(failed, Ordering::Relaxed);
     }
