@@ -72,12 +72,14 @@ elseif need <= remaining then
   end
   remaining = remaining - cost
 else
-  -- Wait until enough of the oldest buckets leave to make room.
+  -- Wait until enough of the oldest buckets leave to make room. A charge may have taken the
+  -- window past its limit, so the room is what is left of `used` once they have left, not
+  -- `remaining` plus them.
   local freed = 0
   retry = cur + n * b - now
   for j = n, 1, -1 do
     freed = freed + counts[j]
-    if remaining + freed >= need then
+    if used - freed + need <= limit then
       retry = cur + (n - j + 1) * b - now
       break
     end
