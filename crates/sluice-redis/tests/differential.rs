@@ -9,14 +9,15 @@
 //! Redis still expires keys on its own clock, so the counters are persisted after each step:
 //! a slow machine must not drop a counter whose window, on the test's clock, has not ended.
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sluice_core::{
     Alignment, BucketedWindow, Check, Clock, FakeClock, FixedWindow, Gcra, LeakyQueue, Lease,
-    MemoryStore, Policy, Rate, Refund, ReservationId, SlidingCounter, SlidingLog, Store, Timestamp,
-    TokenBucket,
+    MemoryStore, Policy, Rate, Refund, ReservationId, Settlement, SlidingCounter, SlidingLog,
+    Store, Timestamp, TokenBucket,
 };
 use sluice_redis::RedisStore;
 use sluice_redis::testing::{name, shared_server, test_options};
@@ -43,7 +44,7 @@ enum Step {
     /// A reservation of each `(key, cost)`, with a ttl of `ttl` in quarters of the time scale.
     Reserve(Vec<(usize, u64)>, u8),
     /// Settles a reservation made before (the `pick`-th of those still remembered; an unknown
-    /// id when there is none) at `used` (see [`used`]).
+    /// id when there is none, or when `pick` ends in 0) at `used` (see [`used`]).
     Settle { pick: usize, used: u8, extra: u64 },
     /// Gives units back to a counter outside a reservation.
     Refund(usize, u64),
@@ -104,7 +105,16 @@ fn policies() -> Vec<(Policy, Duration)> {
         ),
         (Gcra::new(Rate::per_second(2), 3).map(Policy::from), sec),
         (
+            Gcra::new(Rate::new(3, Duration::from_millis(700)).unwrap(), 4).map(Policy::from),
+            sec,
+        ),
+        (
             LeakyQueue::new(Rate::per_second(4), 3, sec).map(Policy::from),
+            sec,
+        ),
+        // A maximum wait shorter than the queue: the wait bounds it, not the queue's size.
+        (
+            LeakyQueue::new(Rate::per_second(4), 5, Duration::from_millis(600)).map(Policy::from),
             sec,
         ),
         (
@@ -113,6 +123,18 @@ fn policies() -> Vec<(Policy, Duration)> {
         ),
         (
             FixedWindow::new(4, ten, Alignment::Clock { utc_offset_secs: 0 }).map(Policy::from),
+            ten,
+        ),
+        // Windows of 7 s on a grid shifted by a zone 5 h 30 min east of UTC.
+        (
+            FixedWindow::new(
+                4,
+                Duration::from_secs(7),
+                Alignment::Clock {
+                    utc_offset_secs: 19_800,
+                },
+            )
+            .map(Policy::from),
             ten,
         ),
         (SlidingLog::new(3, ten).map(Policy::from), ten),
@@ -132,6 +154,38 @@ struct Made {
     /// Until when a settle must find it (expired or settled), rather than unknown: the memory
     /// store forgets it then, while Redis forgets it on its own clock, which does not move here.
     remembered_until: Timestamp,
+}
+
+/// The kinds of settlement the sequences of one policy have met: so that a generator that
+/// stopped reaching one (a refund, a charge, a late or second settle) fails the test rather
+/// than leave that path unchecked.
+#[derive(Debug, Default)]
+struct Met {
+    refunded: bool,
+    charged: bool,
+    already_settled: bool,
+    expired: bool,
+    unknown: bool,
+}
+
+impl Met {
+    fn saw(&mut self, s: Settlement) {
+        match s {
+            Settlement::Settled {
+                refunded, charged, ..
+            } => {
+                self.refunded |= refunded > 0;
+                self.charged |= charged > 0;
+            }
+            Settlement::AlreadySettled => self.already_settled = true,
+            Settlement::Expired => self.expired = true,
+            Settlement::Unknown => self.unknown = true,
+        }
+    }
+
+    fn all(&self) -> bool {
+        self.refunded && self.charged && self.already_settled && self.expired && self.unknown
+    }
 }
 
 /// Both stores at one instant.
@@ -178,7 +232,12 @@ impl Pair {
 
 /// Runs `steps` on both stores under `policy`, comparing every answer and, after each step,
 /// both counters.
-async fn run(policy: &Policy, scale: Duration, steps: &[Step]) -> Result<(), TestCaseError> {
+async fn run(
+    policy: &Policy,
+    scale: Duration,
+    steps: &[Step],
+    met: &RefCell<Met>,
+) -> Result<(), TestCaseError> {
     let memory = MemoryStore::builder()
         .clock(FakeClock::at(Timestamp::from_nanos(START)))
         .build();
@@ -253,7 +312,11 @@ async fn run(policy: &Policy, scale: Duration, steps: &[Step]) -> Result<(), Tes
             } => {
                 let now = pair.now();
                 let live: Vec<&Made> = made.iter().filter(|r| now < r.remembered_until).collect();
-                let (id, cost) = match live.get(pick % live.len().max(1)) {
+                // One settle in ten names an id neither store has seen.
+                let known = live
+                    .get(pick % live.len().max(1))
+                    .filter(|_| pick % 10 != 0);
+                let (id, cost) = match known {
                     Some(r) => (r.id, r.cost),
                     None => (ReservationId::random(), 0),
                 };
@@ -261,6 +324,7 @@ async fn run(policy: &Policy, scale: Duration, steps: &[Step]) -> Result<(), Tes
                 let m = pair.memory.settle(&id, used).await.expect("memory settle");
                 let r = pair.redis.settle(&id, used).await.expect("redis settle");
                 prop_assert_eq!(m, r, "the settlement of {} at {} used", at, used);
+                met.borrow_mut().saw(m);
             }
             Step::Refund(k, units) => {
                 let refund = [Refund {
@@ -307,12 +371,19 @@ fn differential(algorithm: &str) {
             ..Config::default()
         });
         let steps = prop::collection::vec(step(), 1..40);
+        let met = RefCell::new(Met::default());
         let result = runner.run(&steps, |steps| {
-            runtime.block_on(run(&policy, scale, &steps))
+            runtime.block_on(run(&policy, scale, &steps, &met))
         });
         if let Err(e) = result {
             panic!("{}: the stores disagree: {e}", name(&policy));
         }
+        let met = met.into_inner();
+        assert!(
+            met.all(),
+            "{}: the sequences never met {met:?}",
+            name(&policy)
+        );
     }
 }
 
