@@ -88,8 +88,8 @@ fn used(kind: u8, cost: u64, extra: u64) -> u64 {
     }
 }
 
-/// A policy of each algorithm (and each kind of fixed window) with small limits that refuse
-/// often, beside the time scale it acts on.
+/// Policies of every algorithm (fixed windows of each alignment) with small limits that refuse
+/// often, each beside the time scale it acts on.
 fn policies() -> Vec<(Policy, Duration)> {
     let sec = Duration::from_secs(1);
     let ten = Duration::from_secs(10);
