@@ -146,7 +146,11 @@ bucketed_window_charge = function(key, raw, cost, limit, b, n, p4)
   for j = 1, n do
     local c = 0
     if j > shift then c = stored[j - shift] or 0 end
-    if j == 1 then c = exact(c + cost) end
+    if j == 1 then
+      -- A bucket holds at most 2^32 - 1, as the core's does: far past any limit.
+      c = c + cost
+      if c > 4294967295 then c = 4294967295 end
+    end
     parts[j + 2] = int(c)
     if c > 0 then keep = j end
   end
