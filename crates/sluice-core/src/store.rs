@@ -183,7 +183,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Settles the reservation `id` at `used` units: every counter it took from gets back what
     /// was reserved and not used, or is charged what was used beyond it. Only the first settle
-    /// of a reservation changes anything, and only before its ttl ends.
+    /// of a reservation changes anything, and only before its ttl ends. The counters are
+    /// adjusted last check first, on every store: where two checks share a counter, the other
+    /// order could leave it otherwise (docs/algorithms.md, "Refunds and charges").
     fn settle(
         &self,
         id: &ReservationId,

@@ -25,6 +25,7 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let conn = self.connection();
+        let script = self.script(script);
         let limit = self
             .call_timeout()
             .saturating_mul(u32::try_from(calls.len()).unwrap_or(u32::MAX));

@@ -53,6 +53,10 @@ struct Inner {
     /// Nanoseconds added to the application clock where the store reads it (only to pick a
     /// reference window start): a test hook that shows application skew changes nothing.
     app_skew: AtomicI64,
+    /// The microseconds since the epoch that this store's scripts read in place of Redis `TIME`,
+    /// or 0 for Redis `TIME` itself: see [`RedisStore::freeze_time`].
+    #[cfg(feature = "testing")]
+    frozen: AtomicU64,
     /// Cross-slot refunds that failed, leaving their reservation until the counter refills.
     refund_failures: AtomicU64,
     /// Requests whose checks spanned slots and were reserved and refunded.
@@ -124,6 +128,8 @@ impl RedisStore {
                 breaker: Breaker::new(options.breaker_threshold, options.breaker_cool_down),
                 offset: AtomicI64::new(0),
                 app_skew: AtomicI64::new(0),
+                #[cfg(feature = "testing")]
+                frozen: AtomicU64::new(0),
                 refund_failures: AtomicU64::new(0),
                 refunds: AtomicU64::new(0),
                 target,
@@ -213,7 +219,50 @@ impl RedisStore {
 
     /// The application's time as the store uses it: the wall clock, shifted by both hooks.
     fn app_now(&self, offset: i64) -> Timestamp {
-        app_now(offset.saturating_add(self.inner.app_skew.load(Ordering::Relaxed)))
+        let shift = offset.saturating_add(self.inner.app_skew.load(Ordering::Relaxed));
+        #[cfg(feature = "testing")]
+        if let Some(at) = self.frozen_at() {
+            let shifted = i128::from(at.as_nanos()) + i128::from(shift);
+            return Timestamp::from_nanos(u64::try_from(shifted.max(0)).unwrap_or(u64::MAX));
+        }
+        app_now(shift)
+    }
+
+    /// **Test hook.** Stops this store's clock: from now on its scripts read `at` (to the
+    /// microsecond below, the precision of Redis `TIME`) in place of Redis `TIME`, plus the
+    /// [`RedisStore::time_offset`] as before, and so does its application clock. Redis time
+    /// never stands still, so without this a store's answers (a `retry_after`, a window's end)
+    /// differ from another store's at the same instant by the microseconds each call takes;
+    /// frozen, they can be compared to the nanosecond with the memory store on a
+    /// [`FakeClock`](sluice_core::FakeClock). Redis still expires keys on its own clock, so a
+    /// test that keeps a counter for long in real time persists it.
+    ///
+    /// The scripts run are copies of the store's own with `TIME` replaced by `at`, loaded by
+    /// `EVAL` on their first call.
+    #[cfg(feature = "testing")]
+    pub fn freeze_time(&self, at: Timestamp) {
+        let micros = (at.as_nanos() / 1_000).max(1);
+        self.inner.frozen.store(micros, Ordering::SeqCst);
+    }
+
+    /// The time [`RedisStore::freeze_time`] stopped the clock at, if it did.
+    #[cfg(feature = "testing")]
+    fn frozen_at(&self) -> Option<Timestamp> {
+        match self.inner.frozen.load(Ordering::SeqCst) {
+            0 => None,
+            micros => Some(Timestamp::from_nanos(micros.saturating_mul(1_000))),
+        }
+    }
+
+    /// The script to run for `script`: itself, or on a frozen clock its copy that reads the
+    /// frozen time (see [`RedisStore::freeze_time`]).
+    #[inline(always)]
+    pub(crate) fn script(&self, script: &'static scripts::Script) -> &'static scripts::Script {
+        #[cfg(feature = "testing")]
+        if let Some(at) = self.frozen_at() {
+            return crate::testing::frozen_script(script, at);
+        }
+        script
     }
 
     /// Whether the store is on a Cluster, where calls are split by slot.
@@ -370,19 +419,20 @@ impl RedisStore {
             calls.push((group_keys, args));
         }
         let inner = &self.inner;
+        let check = self.script(&scripts::CHECK);
         let (values, first_error) = self
             .guarded_by(inner.timeout, |deadline| async move {
                 // The call's future goes on the heap, so that the state machines around it stay
                 // small and cheap to move; one call (every call off a Cluster) needs no join.
                 let replies = match calls.as_slice() {
                     [(k, a)] => {
-                        vec![Box::pin(inner.conn.eval(&scripts::CHECK, k, a, deadline)).await]
+                        vec![Box::pin(inner.conn.eval(check, k, a, deadline)).await]
                     }
                     calls => {
                         join_all(
                             calls
                                 .iter()
-                                .map(|(k, a)| inner.conn.eval(&scripts::CHECK, k, a, deadline)),
+                                .map(|(k, a)| inner.conn.eval(check, k, a, deadline)),
                         )
                         .await
                     }
@@ -493,10 +543,12 @@ impl RedisStore {
         }
         inner.refunds.fetch_add(1, Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + inner.timeout;
-        let results = join_all(calls.iter().map(|(k, a): &(Vec<String>, Vec<String>)| {
-            inner.conn.eval(&scripts::REFUND, k, a, deadline)
-        }))
-        .await;
+        let refund = self.script(&scripts::REFUND);
+        let results =
+            join_all(calls.iter().map(|(k, a): &(Vec<String>, Vec<String>)| {
+                inner.conn.eval(refund, k, a, deadline)
+            }))
+            .await;
         let failed = results.iter().filter(|r| r.is_err()).count() as u64;
         inner.refund_failures.fetch_add(failed, Ordering::Relaxed);
     }
@@ -525,9 +577,10 @@ impl RedisStore {
         let args = self.script_args(&check, &[0], "0", now, offset, None)?;
         let keys = [self.key_of(key)];
         let inner = &self.inner;
+        let check = self.script(&scripts::CHECK);
         let value = self
             .guarded_by(inner.timeout, |deadline| {
-                inner.conn.eval(&scripts::CHECK, &keys, &args, deadline)
+                inner.conn.eval(check, &keys, &args, deadline)
             })
             .await?;
         let mut replies = decode_replies(value, std::iter::once(policy.limit()))?;

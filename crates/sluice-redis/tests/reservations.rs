@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use sluice_core::{Check, Decision, Lease, Policy, Refund, ReservationId, Settlement, Store};
+use sluice_core::{
+    BucketedWindow, Check, Decision, Lease, Policy, Refund, ReservationId, Settlement, SlidingLog,
+    Store, Timestamp,
+};
 use sluice_redis::RedisStore;
 use sluice_redis::testing::{
     fifty_per_hour, name, offset_to_window_start, shared_cluster, shared_server, test_options,
@@ -568,4 +571,47 @@ async fn the_sliding_log_gives_back_newest_first() {
         entries[1].ends_with(" 1") && entries[2].ends_with(" 1"),
         "{entries:?}"
     );
+}
+
+/// A log or a ring of buckets charged past its limit refuses until enough has left the window
+/// to bring it back under the limit, not as soon as anything has: a log of 2 holding 3 (one
+/// unit logged at 0 s, two at 10 s, one of them charged) has room again at 70 s, when the
+/// units of 10 s leave, though the unit of 0 s leaves at 60 s. On a frozen clock, so that the
+/// `retry_after` is exact.
+#[tokio::test]
+async fn a_charge_past_the_limit_waits_until_the_excess_has_left_the_window() {
+    let store = store(Topology::Standalone).await;
+    store.freeze_time(Timestamp::from_secs(1_800_000_000));
+    let policies: [Policy; 2] = [
+        SlidingLog::new(2, MINUTE).unwrap().into(),
+        BucketedWindow::new(2, MINUTE, 6).unwrap().into(),
+    ];
+    for policy in policies {
+        let key = format!("excess:{}", name(&policy));
+        store.set_time_offset(0);
+        reserve(&store, &key, &policy, 1).await;
+        store.set_time_offset(10_000_000_000);
+        let id = reserve(&store, &key, &policy, 1).await;
+        store.settle(&id, 2).await.unwrap();
+        let refused = store.peek(&key, &policy).await.unwrap();
+        assert!(!refused.allowed, "{}: {refused:?}", name(&policy));
+        assert_eq!(refused.remaining, 0, "{}", name(&policy));
+        assert_eq!(refused.retry_after, MINUTE, "{}", name(&policy));
+        // At 60 s the unit of 0 s has left, and the log still holds 3 - 1 = 2.
+        store.set_time_offset(60_000_000_000);
+        let still = store.peek(&key, &policy).await.unwrap();
+        assert!(!still.allowed, "{}: {still:?}", name(&policy));
+        assert_eq!(
+            still.retry_after,
+            Duration::from_secs(10),
+            "{}",
+            name(&policy)
+        );
+        store.set_time_offset(70_000_000_000);
+        assert!(
+            store.peek(&key, &policy).await.unwrap().allowed,
+            "{}",
+            name(&policy)
+        );
+    }
 }

@@ -21,6 +21,7 @@
 
 mod backend;
 mod cluster;
+mod frozen_clock;
 mod policies;
 mod redis_time;
 mod script;
@@ -29,6 +30,7 @@ mod shared;
 
 pub use backend::{RedisBackend, cluster_backend, standalone_backend};
 pub use cluster::RedisCluster;
+pub(crate) use frozen_clock::frozen_script;
 pub use policies::{fifty_per_hour, name};
 pub use redis_time::{offset_to_second_start, offset_to_window_start, redis_time_nanos};
 pub use script::{check_script, decode_replies, push_check};

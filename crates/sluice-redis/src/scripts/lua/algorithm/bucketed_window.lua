@@ -72,12 +72,14 @@ elseif need <= remaining then
   end
   remaining = remaining - cost
 else
-  -- Wait until enough of the oldest buckets leave to make room.
+  -- Wait until enough of the oldest buckets leave to make room. A charge may have taken the
+  -- window past its limit, so the room is what is left of `used` once they have left, not
+  -- `remaining` plus them.
   local freed = 0
   retry = cur + n * b - now
   for j = n, 1, -1 do
     freed = freed + counts[j]
-    if remaining + freed >= need then
+    if used - freed + need <= limit then
       retry = cur + (n - j + 1) * b - now
       break
     end
@@ -144,7 +146,11 @@ bucketed_window_charge = function(key, raw, cost, limit, b, n, p4)
   for j = 1, n do
     local c = 0
     if j > shift then c = stored[j - shift] or 0 end
-    if j == 1 then c = exact(c + cost) end
+    if j == 1 then
+      -- A bucket holds at most 2^32 - 1, as the core's does: far past any limit.
+      c = c + cost
+      if c > 4294967295 then c = 4294967295 end
+    end
     parts[j + 2] = int(c)
     if c > 0 then keep = j end
   end

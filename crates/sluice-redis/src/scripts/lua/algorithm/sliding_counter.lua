@@ -126,7 +126,9 @@ sliding_counter_charge = function(key, raw, cost, limit, w, p3, p4)
       previous = tonumber(c)
     end
   end
-  current = exact(current + cost)
+  -- A count holds at most 2^32 - 1, as the core's does: far past any limit.
+  current = current + cost
+  if current > 4294967295 then current = 4294967295 end
   local elapsed = now - start
   if elapsed < 0 then elapsed = 0 end
   if elapsed > w - 1 then elapsed = w - 1 end

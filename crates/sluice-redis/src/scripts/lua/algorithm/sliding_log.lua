@@ -97,6 +97,8 @@ elseif need <= remaining then
   end
 else
   -- Wait until enough of the oldest live entries expire: the stored ones, then this call's.
+  -- A charge may have taken the log past its limit, so the room is what is left of the live
+  -- units once some have expired, not `remaining` plus them.
   local freed = 0
   local found = false
   local i = 1 + lg[3]
@@ -107,7 +109,7 @@ else
       freed = freed + units
       retry = at + w - now
       if retry < 0 then retry = 0 end
-      if remaining + freed >= need then found = true; break end
+      if lg[1] - freed + need <= limit then found = true; break end
     end
     i = i + 64
   end
@@ -116,7 +118,7 @@ else
       freed = freed + lg[j + 1]
       retry = lg[j] + w - now
       if retry < 0 then retry = 0 end
-      if remaining + freed >= need then break end
+      if lg[1] - freed + need <= limit then break end
     end
   end
 end
