@@ -28,7 +28,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod budget;
 mod forward;
+mod metered;
 mod upstream_pool;
 
 use std::net::SocketAddr;
@@ -45,9 +47,10 @@ use sluice_http::{DEFAULT_MAX_DELAYED, SharedLimitLayer};
 use sluice_limiter::{Limiter, StartError};
 use sluice_rules::Cidr;
 use sluice_stores::StoreSettings;
-use tower_layer::Layer;
 
+pub use budget::UsageBody;
 pub use forward::GatewayBody;
+pub use metered::{BudgetBody, MeteredBody};
 pub use upstream_pool::UpstreamBody;
 
 /// How to run the gateway.
@@ -201,7 +204,7 @@ impl Gateway {
             .trust_proxies(options.trusted_proxies.iter().copied())
             .client_ip_header(options.client_ip_header);
         let addr = lifecycle
-            .listen(options.listen, layer.layer(forward))
+            .listen(options.listen, metered::Metered::new(layer, forward))
             .await?;
         lifecycle.sample(&limiter);
         let admin_addr = match options.admin_addr {

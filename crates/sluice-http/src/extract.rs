@@ -36,6 +36,17 @@ pub fn extract(gateway: &Gateway, parts: &Parts, client: IpAddr) -> Option<Extra
     })?
 }
 
+/// The first route of `gateway` that matches the request, found as [`extract`] finds it: how
+/// the gateway learns whether a request falls under a route's token budget before deciding it.
+pub fn matching_route<'g>(gateway: &'g Gateway, parts: &Parts) -> Option<&'g Route> {
+    let host = host_of(parts);
+    let path = parts.uri.path();
+    gateway
+        .routes
+        .iter()
+        .find(|route| route.matches(parts.method.as_str(), host, path).is_some())
+}
+
 /// The request's host: the URI's authority (h2, absolute-form) or the `Host` header.
 fn host_of(parts: &Parts) -> Option<&str> {
     parts
