@@ -2,7 +2,10 @@
 //! the upstream, so the API behind it needs no change.
 //!
 //! It is the tower [`SharedLimitLayer`] around a forwarding service: the gateway and the
-//! middleware answer alike because they are the same code. Bodies are streamed both ways,
+//! middleware answer alike because they are the same code. A route with `usage` (a token
+//! budget) instead reserves an estimate read from the request's JSON body and settles it with
+//! the usage its answer reports, read from a JSON body or an event stream as it passes
+//! ([`UsageBody`]; `docs/usage-limits.md`, "Gateway"). Bodies are streamed both ways,
 //! upstream connections are pooled and kept alive, and clients may speak HTTP/1.1 or h2. Beside
 //! the proxy listener, an admin listener serves `/metrics`, `/healthz`, `/readyz` and the admin
 //! endpoints, as `sluice serve` does.

@@ -24,7 +24,7 @@ pub(crate) fn units_at(document: &Value, path: &JsonPath) -> Option<u64> {
         Value::Number(n) => n.as_u64().or_else(|| {
             // `12.0` is a whole number written as a float, as some encoders write every number.
             let f = n.as_f64()?;
-            (f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64).then(|| f as u64)
+            (f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64).then_some(f as u64)
         }),
         _ => None,
     }

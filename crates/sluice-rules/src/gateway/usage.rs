@@ -72,7 +72,7 @@ impl JsonPath {
             };
             if !key.is_empty() {
                 segments.push(JsonStep::Key(key.to_owned()));
-            } else if !(segments.is_empty() && !indices.is_empty()) {
+            } else if !segments.is_empty() || indices.is_empty() {
                 // Only `$[0].x`, an index into a top-level array, starts without a key.
                 return None;
             }
