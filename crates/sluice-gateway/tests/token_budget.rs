@@ -17,8 +17,9 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 use sluice_gateway::GatewayOptions;
 use sluice_limiter::{LimitRequest, Limiter, RequestDescriptor};
+use sluice_redis::testing::{shared_server, store_at_hour_start};
 use sluice_test_support::eventually;
-use sluice_testing::{header, limiter};
+use sluice_testing::{header, limiter, limiter_with};
 use tokio::sync::Semaphore;
 
 const RULES: &str = r#"
@@ -190,13 +191,26 @@ struct Harness {
     limiter: Arc<Limiter>,
     llm: Llm,
     client: reqwest::Client,
-    _rules: (sluice_core::FakeClock, tempfile::TempDir),
+    _rules: tempfile::TempDir,
 }
 
 impl Harness {
+    /// The gateway on a memory store whose clock stands still.
     async fn start() -> Harness {
+        let (limiter, _clock, dir) = limiter(RULES);
+        Self::with(limiter, dir).await
+    }
+
+    /// The gateway on a real Redis, at the start of an hour, so that refunds land in the
+    /// window they were taken from.
+    async fn on_redis() -> Harness {
+        let store = store_at_hour_start(shared_server()).await;
+        let (limiter, dir) = limiter_with(RULES, Arc::new(store));
+        Self::with(limiter, dir).await
+    }
+
+    async fn with(limiter: Arc<Limiter>, dir: tempfile::TempDir) -> Harness {
         let (llm, upstream) = Llm::start().await;
-        let (limiter, clock, dir) = limiter(RULES);
         let mut options =
             GatewayOptions::new(Vec::new(), format!("http://{upstream}").parse().unwrap());
         options.listen = "127.0.0.1:0".parse().unwrap();
@@ -208,7 +222,7 @@ impl Harness {
             limiter,
             llm,
             client: reqwest::Client::new(),
-            _rules: (clock, dir),
+            _rules: dir,
         }
     }
 
@@ -273,7 +287,15 @@ async fn a_json_answer_settles_its_usage_and_the_rest_is_refunded() {
 
 #[tokio::test]
 async fn fifty_concurrent_requests_never_take_more_than_the_budget() {
-    let h = Arc::new(Harness::start().await);
+    fifty_concurrent_requests(Arc::new(Harness::start().await)).await;
+}
+
+#[tokio::test]
+async fn on_redis_fifty_concurrent_requests_never_take_more_than_the_budget() {
+    fifty_concurrent_requests(Arc::new(Harness::on_redis().await)).await;
+}
+
+async fn fifty_concurrent_requests(h: Arc<Harness>) {
     // Every request reserves 100 of 1000 and holds it until the upstream is released: exactly
     // ten fit at once, and the other forty are refused whatever the order.
     let tasks: Vec<_> = (0..50u64)
@@ -392,7 +414,15 @@ async fn usage_beyond_the_reservation_is_charged() {
 
 #[tokio::test]
 async fn the_first_event_reaches_the_client_before_the_upstream_sends_the_rest() {
-    let h = Harness::start().await;
+    first_event_first(Harness::start().await).await;
+}
+
+#[tokio::test]
+async fn on_redis_the_stream_settles_at_its_last_usage_event() {
+    first_event_first(Harness::on_redis().await).await;
+}
+
+async fn first_event_first(h: Harness) {
     let r = h
         .post("/v1/sse", "stream", &json!({"max_tokens": 200, "use": 42}))
         .send()
