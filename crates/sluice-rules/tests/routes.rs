@@ -238,3 +238,13 @@ fn usage_errors_are_located() {
         assert!(e.starts_with(expected), "{usage}: {e}");
     }
 }
+
+#[test]
+fn the_token_budget_example_loads() {
+    let text = include_str!("../../../examples/token-budget.yaml");
+    let rules = RuleSet::parse("token-budget.yaml", text).unwrap();
+    let chat = &rules.gateway().unwrap().routes[0];
+    let usage = chat.usage.as_deref().expect("a token budget");
+    assert_eq!((usage.reserve.default, usage.reserve.max), (1000, 8000));
+    assert!(rules.unmatched_route_keys().is_empty());
+}
