@@ -19,7 +19,7 @@ use sluice_gateway::GatewayOptions;
 use sluice_limiter::{LimitRequest, Limiter, RequestDescriptor};
 use sluice_redis::testing::{shared_server, store_at_hour_start};
 use sluice_test_support::eventually;
-use sluice_testing::{header, limiter, limiter_with};
+use sluice_testing::{closed_port, header, limiter, limiter_with};
 use tokio::sync::Semaphore;
 
 const RULES: &str = r#"
@@ -211,6 +211,15 @@ impl Harness {
 
     async fn with(limiter: Arc<Limiter>, dir: tempfile::TempDir) -> Harness {
         let (llm, upstream) = Llm::start().await;
+        Self::forwarding_to(upstream, llm, limiter, dir).await
+    }
+
+    async fn forwarding_to(
+        upstream: std::net::SocketAddr,
+        llm: Llm,
+        limiter: Arc<Limiter>,
+        dir: tempfile::TempDir,
+    ) -> Harness {
         let mut options =
             GatewayOptions::new(Vec::new(), format!("http://{upstream}").parse().unwrap());
         options.listen = "127.0.0.1:0".parse().unwrap();
@@ -552,4 +561,19 @@ async fn request_bodies_are_bounded_and_routes_without_usage_count_requests() {
             .unwrap()
             .starts_with("\"calls\";r=999;")
     );
+}
+
+#[tokio::test]
+async fn an_upstream_that_cannot_be_reached_used_nothing() {
+    let (limiter, _clock, dir) = limiter(RULES);
+    let (llm, _) = Llm::start().await;
+    let h = Harness::forwarding_to(closed_port().await, llm, limiter, dir).await;
+    let r = h
+        .post("/v1/json", "down", &json!({"max_tokens": 300}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    // Settled at 0 before the answer: the upstream never saw the request.
+    assert_eq!(h.remaining("down").await, 1000);
 }
