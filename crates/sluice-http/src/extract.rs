@@ -269,4 +269,24 @@ mod tests {
         assert_eq!(percent_decode("%4"), "%4");
         assert_eq!(percent_decode("%41%zz"), "A%zz");
     }
+    #[test]
+    fn the_matching_route_is_the_first_that_matches_even_without_descriptors() {
+        let rules = sluice_rules::RuleSet::parse(
+            "gw.yaml",
+            "domain: gw\nroutes:\n  - {name: a, path: /a, methods: [POST]}\n  - {name: any, path: /*}\n",
+        )
+        .unwrap();
+        let gateway = rules.gateway().unwrap();
+        let name = |method: &str, uri: &str| {
+            let mut p = parts(uri, &[]);
+            p.method = method.parse().unwrap();
+            matching_route(gateway, &p).map(|r| r.name.to_string())
+        };
+        assert_eq!(name("POST", "/a").as_deref(), Some("a"));
+        assert_eq!(name("GET", "/a").as_deref(), Some("any"));
+        assert_eq!(
+            name("GET", "http://h.example/b?x=1").as_deref(),
+            Some("any")
+        );
+    }
 }

@@ -237,3 +237,67 @@ impl Drop for UsageBody {
         self.settle_interrupted();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meter(pairs: &[(&'static str, &'static str)]) -> Meter {
+        let mut headers = HeaderMap::new();
+        for (k, v) in pairs {
+            headers.insert(*k, http::HeaderValue::from_static(v));
+        }
+        Meter::for_answer(&headers, JsonPath::parse("usage.total_tokens").unwrap())
+    }
+
+    #[test]
+    fn the_content_type_says_how_usage_is_read() {
+        for json in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/vnd.api+json",
+        ] {
+            assert!(
+                matches!(meter(&[("content-type", json)]), Meter::Json { .. }),
+                "{json}"
+            );
+        }
+        for events in ["text/event-stream", "text/event-stream; charset=utf-8"] {
+            assert!(
+                matches!(meter(&[("content-type", events)]), Meter::Events(_)),
+                "{events}"
+            );
+        }
+        for unreadable in [
+            &[("content-type", "text/plain")][..],
+            &[][..],
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ][..],
+        ] {
+            assert!(
+                matches!(meter(unreadable), Meter::Unreadable),
+                "{unreadable:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_json_answer_is_read_when_it_ends_and_not_past_its_bound() {
+        let mut m = meter(&[("content-type", "application/json")]);
+        m.feed(&Bytes::from_static(b"{\"usage\":{\"total_"));
+        assert_eq!(m.seen(), None, "a JSON answer is read only whole");
+        m.feed(&Bytes::from_static(b"tokens\":12}}"));
+        assert_eq!(m.finished(), Some(12));
+
+        let mut big = meter(&[("content-type", "application/json")]);
+        big.feed(&Bytes::from_static(
+            b"{\"usage\":{\"total_tokens\":12},\"pad\":\"",
+        ));
+        big.feed(&Bytes::from(vec![b'x'; MAX_JSON_ANSWER]));
+        big.feed(&Bytes::from_static(b"\"}"));
+        assert_eq!(big.finished(), None);
+        assert!(matches!(big, Meter::Json { ref kept, .. } if kept.capacity() == 0));
+    }
+}
