@@ -27,9 +27,55 @@ use crate::{GatewayError, GatewayOptions};
 /// The body the gateway answers with: the upstream's, streamed, or one of its own.
 pub type GatewayBody = Either<UpstreamBody, Full<Bytes>>;
 
+/// The body the gateway sends upstream: the client's, streamed, or the bytes it read to find a
+/// reservation's estimate, forwarded as they came.
+pub(crate) type RequestBody = Either<Incoming, Full<Bytes>>;
+
 /// Forwards requests to the upstream. Cheap to clone: clones share one [`Target`].
 #[derive(Clone)]
 pub(crate) struct Forward(Arc<Target>);
+
+/// Why a request got no answer from the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The request target cannot be forwarded: the upstream never saw it.
+    BadTarget,
+    /// No connection could be made: the upstream never saw it.
+    Unreachable,
+    /// The connection failed while the request was sent or its answer read.
+    Broken,
+    /// The upstream did not start answering in time.
+    TimedOut,
+}
+
+impl Failure {
+    /// Whether the upstream may have received the request, and so done work for it.
+    pub(crate) fn reached_upstream(self) -> bool {
+        matches!(self, Failure::Broken | Failure::TimedOut)
+    }
+
+    /// The gateway's own answer.
+    pub(crate) fn response(self) -> Response<GatewayBody> {
+        match self {
+            Failure::BadTarget => error(
+                StatusCode::BAD_REQUEST,
+                "the request target cannot be forwarded",
+            ),
+            Failure::Unreachable => error(
+                StatusCode::BAD_GATEWAY,
+                "the upstream is unreachable; it refused or did not accept the connection",
+            ),
+            Failure::Broken => error(
+                StatusCode::BAD_GATEWAY,
+                "the upstream closed the connection or sent an invalid answer",
+            ),
+            Failure::TimedOut => error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the upstream did not answer in time",
+            ),
+        }
+    }
+}
 
 /// Where requests go and how long they may take.
 struct Target {
@@ -69,6 +115,14 @@ impl Forward {
             timeout: options.upstream_timeout,
         })))
     }
+
+    /// Sends `request` upstream: the answer's head, its body streaming, or why there is none.
+    pub(crate) async fn send(
+        &self,
+        request: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, Failure> {
+        self.0.forward(request).await
+    }
 }
 
 impl Target {
@@ -91,13 +145,13 @@ impl Target {
         Uri::from_parts(parts).ok()
     }
 
-    async fn forward(&self, mut request: Request<Incoming>) -> Response<GatewayBody> {
+    async fn forward(
+        &self,
+        mut request: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, Failure> {
         let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let Some(uri) = self.upstream_uri(request.uri()) else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "the request target cannot be forwarded",
-            );
+            return Err(Failure::BadTarget);
         };
         // Keep the client's Host, as most APIs behind a gateway expect; h2 clients send
         // `:authority` instead, which becomes Host. HTTP/1.1 requires one, so a client that
@@ -121,28 +175,19 @@ impl Target {
         match tokio::time::timeout(self.timeout, self.pool.send(request)).await {
             Ok(Ok(mut response)) => {
                 strip_hop_by_hop(response.headers_mut());
-                response.map(Either::Left)
+                Ok(response)
             }
             Ok(Err(e @ UpstreamError::Connect(_))) => {
                 tracing::warn!(error = %e, upstream = %self.authority, "upstream unreachable");
-                error(
-                    StatusCode::BAD_GATEWAY,
-                    "the upstream is unreachable; it refused or did not accept the connection",
-                )
+                Err(Failure::Unreachable)
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, upstream = %self.authority, "upstream failed");
-                error(
-                    StatusCode::BAD_GATEWAY,
-                    "the upstream closed the connection or sent an invalid answer",
-                )
+                Err(Failure::Broken)
             }
             Err(_) => {
                 tracing::warn!(upstream = %self.authority, timeout = ?self.timeout, "upstream timed out");
-                error(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "the upstream did not answer in time",
-                )
+                Err(Failure::TimedOut)
             }
         }
     }
@@ -161,12 +206,17 @@ impl Service<Request<Incoming>> for Forward {
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let target = Arc::clone(&self.0);
-        Box::pin(async move { Ok(target.forward(request).await) })
+        Box::pin(async move {
+            Ok(match target.forward(request.map(Either::Left)).await {
+                Ok(response) => response.map(Either::Left),
+                Err(failure) => failure.response(),
+            })
+        })
     }
 }
 
 /// A gateway error answer, as `application/problem+json`.
-fn error(status: StatusCode, detail: &str) -> Response<GatewayBody> {
+pub(crate) fn error(status: StatusCode, detail: &str) -> Response<GatewayBody> {
     let body = serde_json::json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("Error"),

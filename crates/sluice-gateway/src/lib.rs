@@ -2,7 +2,10 @@
 //! the upstream, so the API behind it needs no change.
 //!
 //! It is the tower [`SharedLimitLayer`] around a forwarding service: the gateway and the
-//! middleware answer alike because they are the same code. Bodies are streamed both ways,
+//! middleware answer alike because they are the same code. A route with `usage` (a token
+//! budget) instead reserves an estimate read from the request's JSON body and settles it with
+//! the usage its answer reports, read from a JSON body or an event stream as it passes
+//! ([`UsageBody`]; `docs/usage-limits.md`, "Gateway"). Bodies are streamed both ways,
 //! upstream connections are pooled and kept alive, and clients may speak HTTP/1.1 or h2. Beside
 //! the proxy listener, an admin listener serves `/metrics`, `/healthz`, `/readyz` and the admin
 //! endpoints, as `sluice serve` does.
@@ -28,7 +31,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod budget;
 mod forward;
+mod metered;
 mod upstream_pool;
 
 use std::net::SocketAddr;
@@ -45,9 +50,10 @@ use sluice_http::{DEFAULT_MAX_DELAYED, SharedLimitLayer};
 use sluice_limiter::{Limiter, StartError};
 use sluice_rules::Cidr;
 use sluice_stores::StoreSettings;
-use tower_layer::Layer;
 
+pub use budget::UsageBody;
 pub use forward::GatewayBody;
+pub use metered::{BudgetBody, MeteredBody};
 pub use upstream_pool::UpstreamBody;
 
 /// How to run the gateway.
@@ -201,7 +207,7 @@ impl Gateway {
             .trust_proxies(options.trusted_proxies.iter().copied())
             .client_ip_header(options.client_ip_header);
         let addr = lifecycle
-            .listen(options.listen, layer.layer(forward))
+            .listen(options.listen, metered::Metered::new(layer, forward))
             .await?;
         lifecycle.sample(&limiter);
         let admin_addr = match options.admin_addr {

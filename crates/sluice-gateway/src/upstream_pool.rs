@@ -21,6 +21,8 @@ use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
+use crate::forward::RequestBody;
+
 /// How long an idle connection is kept. Most servers close theirs sooner (nginx after 75 s,
 /// Node after 5 s); a connection they closed is noticed and skipped.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -49,7 +51,7 @@ impl std::fmt::Display for UpstreamError {
 
 /// An idle HTTP/1.1 connection.
 struct Idle {
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
     since: Instant,
 }
 
@@ -62,7 +64,7 @@ pub(crate) struct UpstreamPool {
     /// Idle HTTP/1.1 connections, the oldest at the front.
     idle: Mutex<VecDeque<Idle>>,
     /// The h2 connection, when the upstream speaks h2.
-    shared: tokio::sync::Mutex<Option<http2::SendRequest<Incoming>>>,
+    shared: tokio::sync::Mutex<Option<http2::SendRequest<RequestBody>>>,
 }
 
 impl UpstreamPool {
@@ -81,7 +83,7 @@ impl UpstreamPool {
     /// HTTP/1.1 wants an origin-form target and a `Host` field, h2 an absolute URI.
     pub(crate) async fn send(
         self: &Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         if self.h2 {
             return self.send_h2(request).await;
@@ -123,7 +125,7 @@ impl UpstreamPool {
 
     async fn send_h2(
         &self,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let mut sender = {
             // Held while connecting, so that the requests of a burst share the one connection
@@ -155,7 +157,7 @@ impl UpstreamPool {
     }
 
     /// The most recently used idle connection that is still open and not too old.
-    fn checkout(&self) -> Option<http1::SendRequest<Incoming>> {
+    fn checkout(&self) -> Option<http1::SendRequest<RequestBody>> {
         let mut idle = self.lock_idle();
         while let Some(i) = idle.pop_back() {
             if !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT {
@@ -166,7 +168,7 @@ impl UpstreamPool {
     }
 
     /// Takes back a connection whose exchange is over.
-    fn put(&self, sender: http1::SendRequest<Incoming>) {
+    fn put(&self, sender: http1::SendRequest<RequestBody>) {
         if sender.is_closed() {
             return;
         }
@@ -183,7 +185,7 @@ impl UpstreamPool {
         }
     }
 
-    async fn connect_h1(&self) -> Result<http1::SendRequest<Incoming>, UpstreamError> {
+    async fn connect_h1(&self) -> Result<http1::SendRequest<RequestBody>, UpstreamError> {
         let io = self.connect().await?;
         let (sender, connection) = http1::handshake(io)
             .await
@@ -223,7 +225,7 @@ impl UpstreamPool {
 /// A connection lent to one exchange.
 struct Lease {
     upstream: Arc<UpstreamPool>,
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
 }
 
 /// The body of an upstream answer. Read to the end, it gives its connection back to the pool;

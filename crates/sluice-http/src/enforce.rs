@@ -163,8 +163,9 @@ fn log_shadow(domain: &str, verdict: &Verdict) {
 }
 
 /// The fields of a request that passes: the rate-limit fields without `Retry-After`, and the
-/// warning of any `soft` limit it went over.
-fn pass_headers(verdict: &Verdict, style: HeaderStyle) -> Vec<(HeaderName, HeaderValue)> {
+/// warning of any `soft` limit it went over. Public so that the gateway's reservations answer
+/// with the same fields as its checks.
+pub fn pass_headers(verdict: &Verdict, style: HeaderStyle) -> Vec<(HeaderName, HeaderValue)> {
     let mut out = verdict.headers(style);
     out.retain(|(k, _)| k != RETRY_AFTER);
     for c in verdict.limits.iter().filter(|c| !c.decision.allowed) {

@@ -36,6 +36,17 @@ pub fn extract(gateway: &Gateway, parts: &Parts, client: IpAddr) -> Option<Extra
     })?
 }
 
+/// The first route of `gateway` that matches the request, found as [`extract`] finds it: how
+/// the gateway learns whether a request falls under a route's token budget before deciding it.
+pub fn matching_route<'g>(gateway: &'g Gateway, parts: &Parts) -> Option<&'g Route> {
+    let host = host_of(parts);
+    let path = parts.uri.path();
+    gateway
+        .routes
+        .iter()
+        .find(|route| route.matches(parts.method.as_str(), host, path).is_some())
+}
+
 /// The request's host: the URI's authority (h2, absolute-form) or the `Host` header.
 fn host_of(parts: &Parts) -> Option<&str> {
     parts
@@ -257,5 +268,25 @@ mod tests {
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("%4"), "%4");
         assert_eq!(percent_decode("%41%zz"), "A%zz");
+    }
+    #[test]
+    fn the_matching_route_is_the_first_that_matches_even_without_descriptors() {
+        let rules = sluice_rules::RuleSet::parse(
+            "gw.yaml",
+            "domain: gw\nroutes:\n  - {name: a, path: /a, methods: [POST]}\n  - {name: any, path: /*}\n",
+        )
+        .unwrap();
+        let gateway = rules.gateway().unwrap();
+        let name = |method: &str, uri: &str| {
+            let mut p = parts(uri, &[]);
+            p.method = method.parse().unwrap();
+            matching_route(gateway, &p).map(|r| r.name.to_string())
+        };
+        assert_eq!(name("POST", "/a").as_deref(), Some("a"));
+        assert_eq!(name("GET", "/a").as_deref(), Some("any"));
+        assert_eq!(
+            name("GET", "http://h.example/b?x=1").as_deref(),
+            Some("any")
+        );
     }
 }

@@ -39,6 +39,8 @@ pub mod middleware;
 pub mod problem;
 pub mod serve;
 
-pub use enforce::{DEFAULT_MAX_DELAYED, Enforcement, Enforcer, QUOTA_EXCEEDED, reject};
+pub use enforce::{
+    DEFAULT_MAX_DELAYED, Enforcement, Enforcer, QUOTA_EXCEEDED, pass_headers, reject,
+};
 pub use extract::Extracted;
 pub use middleware::{PeerAddr, SharedLimit, SharedLimitLayer};

@@ -56,7 +56,8 @@ mod yaml;
 
 pub use error::{ConfigError, ErrorKind, LoadError, Location};
 pub use gateway::{
-    Cidr, EntrySpec, Gateway, HostMatch, PathPattern, Route, RouteHeaders, ValueSource, strip_port,
+    Cidr, DEFAULT_MAX_BODY, EntrySpec, Gateway, HostMatch, JsonPath, JsonStep, PathPattern,
+    ReserveFrom, Route, RouteHeaders, RouteUsage, ValueSource, strip_port,
 };
 pub use key::{MAX_IDENTITY_LEN, MAX_KEY_LEN};
 pub use matcher::{DescriptorEntries, MatchedCheck, Matches, Rule};

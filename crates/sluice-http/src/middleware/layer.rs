@@ -263,6 +263,13 @@ impl SharedLimitLayer {
         self
     }
 
+    /// The limit request of `parts` and its header style, as the layer builds it before
+    /// deciding: its route's descriptors or the application's extractor, with the client IP
+    /// read behind the trusted proxies. `None` leaves the request unlimited.
+    pub fn extract(&self, parts: &Parts) -> Option<Extracted> {
+        self.shared.extract(parts)
+    }
+
     /// The enforcer every clone shares.
     pub fn enforcer(&self) -> &Enforcer {
         &self.shared.enforcer

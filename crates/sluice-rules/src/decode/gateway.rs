@@ -4,7 +4,8 @@ use super::Decoder;
 use super::fields::Fields;
 use crate::error::ErrorKind;
 use crate::gateway::{
-    Cidr, EntrySpec, Gateway, HostMatch, PathPattern, Route, RouteHeaders, ValueSource,
+    Cidr, DEFAULT_MAX_BODY, EntrySpec, Gateway, HostMatch, JsonPath, PathPattern, ReserveFrom,
+    Route, RouteHeaders, RouteUsage, ValueSource,
 };
 use crate::yaml::{Node, NodeKind};
 
@@ -17,7 +18,16 @@ const ROUTE_FIELDS: &[&str] = &[
     "descriptors",
     "cost",
     "headers",
+    "usage",
 ];
+const USAGE_FIELDS: &[&str] = &["reserve", "settle", "ttl"];
+const RESERVE_FIELDS: &[&str] = &["from", "default", "max", "max_body"];
+const SETTLE_FIELDS: &[&str] = &["from"];
+/// Where usage is read when a route does not say: the OpenAI shape, which most LLM APIs and
+/// their gateways answer in.
+const DEFAULT_SETTLE_PATH: &str = "usage.total_tokens";
+/// The largest amount one reservation may take (the limiter's bound).
+const MAX_RESERVATION: u64 = u32::MAX as u64;
 const ENTRY_FIELDS: &[&str] = &["key", "from", "value", "default"];
 
 impl Decoder {
@@ -118,6 +128,10 @@ impl Decoder {
             },
             None => RouteHeaders::Ietf,
         };
+        let usage = match fields.get("usage").filter(|n| !n.is_null()) {
+            Some(n) => Some(std::sync::Arc::new(self.usage(n)?)),
+            None => None,
+        };
         let params: Vec<&str> = path
             .as_ref()
             .map(|p| p.params().collect())
@@ -169,8 +183,146 @@ impl Decoder {
             descriptors,
             cost,
             headers,
+            usage,
             location: self.at(node),
         })
+    }
+
+    /// A route's `usage`: `reserve` (required), `settle` and `ttl`.
+    fn usage(&mut self, node: &Node) -> Option<RouteUsage> {
+        let fields = self.mapping("usage", node, "a route's usage", USAGE_FIELDS)?;
+        let reserve = match fields.get("reserve") {
+            Some(n) => self.reserve(n),
+            None => {
+                self.missing(&fields, node, "reserve", "a route's usage");
+                None
+            }
+        };
+        let settle = match fields.get("settle").filter(|n| !n.is_null()) {
+            Some(n) => {
+                let settle = self.mapping("settle", n, "a route's usage settle", SETTLE_FIELDS)?;
+                match settle.get("from") {
+                    Some(f) => self.json_path(f),
+                    None => {
+                        self.missing(&settle, n, "from", "a route's usage settle");
+                        None
+                    }
+                }
+            }
+            None => JsonPath::parse(DEFAULT_SETTLE_PATH),
+        };
+        let ttl = match fields.get("ttl") {
+            Some(n) => {
+                let ttl = self.duration("ttl", n)?;
+                if ttl.is_zero() {
+                    let kind = ErrorKind::Invalid {
+                        field: "ttl".into(),
+                        value: "0".into(),
+                        reason: "a reservation must hold for some time, such as 5m",
+                    };
+                    self.error(n, kind);
+                    return None;
+                }
+                Some(ttl)
+            }
+            None => None,
+        };
+        Some(RouteUsage {
+            reserve: reserve?,
+            settle: settle?,
+            ttl,
+        })
+    }
+
+    /// `reserve`: where the estimate comes from, its default, its maximum and the body bound.
+    fn reserve(&mut self, node: &Node) -> Option<ReserveFrom> {
+        let fields = self.mapping("reserve", node, "a route's usage reserve", RESERVE_FIELDS)?;
+        let from = match fields.get("from") {
+            Some(n) => Some(self.json_path(n)?),
+            None => None,
+        };
+        let max = match fields.get("max") {
+            Some(n) => Some(self.amount("max", n)?),
+            None => None,
+        };
+        let default = match fields.get("default") {
+            Some(n) => Some(self.amount("default", n)?),
+            None => None,
+        };
+        let max_body = match fields.get("max_body") {
+            Some(n) => {
+                let bytes = self.uint("max_body", n)?;
+                if bytes == 0 {
+                    let kind = ErrorKind::OutOfRange {
+                        field: "max_body".into(),
+                        value: "0".into(),
+                        range: "the range of 1 byte or more",
+                    };
+                    self.error(n, kind);
+                    return None;
+                }
+                bytes
+            }
+            None => DEFAULT_MAX_BODY,
+        };
+        // Without a default, a request without the field reserves the most it may: never less
+        // than it could use.
+        let Some(default) = default.or(max) else {
+            self.missing(
+                &fields,
+                node,
+                "default",
+                "a route's usage reserve without `max`",
+            );
+            return None;
+        };
+        let max = max.unwrap_or(MAX_RESERVATION);
+        if default > max {
+            let kind = ErrorKind::OutOfRange {
+                field: "default".into(),
+                value: default.to_string(),
+                range: "the range of 1 to `max`, the largest estimate",
+            };
+            self.error(fields.get("default").unwrap_or(node), kind);
+            return None;
+        }
+        Some(ReserveFrom {
+            from,
+            default,
+            max,
+            max_body,
+        })
+    }
+
+    /// An amount of units one reservation may take: from 1 to `u32::MAX`.
+    fn amount(&mut self, field: &'static str, node: &Node) -> Option<u64> {
+        let n = self.uint(field, node)?;
+        if n == 0 || n > MAX_RESERVATION {
+            let kind = ErrorKind::OutOfRange {
+                field: field.into(),
+                value: n.to_string(),
+                range: "the range of 1 to 4294967295, the most one reservation takes",
+            };
+            self.error(node, kind);
+            return None;
+        }
+        Some(n)
+    }
+
+    fn json_path(&mut self, node: &Node) -> Option<JsonPath> {
+        let text = self.name("from", node)?;
+        match JsonPath::parse(&text) {
+            Some(p) => Some(p),
+            None => {
+                let kind = ErrorKind::Invalid {
+                    field: "from".into(),
+                    value: text,
+                    reason: JsonPath::FORM,
+                };
+                self.error(node, kind);
+                None
+            }
+        }
     }
 
     fn entry(&mut self, node: &Node, params: &[&str]) -> Option<EntrySpec> {

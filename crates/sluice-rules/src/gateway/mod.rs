@@ -8,8 +8,8 @@
 //!
 //! The model is split by what each part matches: [`Route`] (with [`RouteHeaders`] and its
 //! descriptor entries, [`EntrySpec`]), the [`PathPattern`] of a route, the [`HostMatch`] of a
-//! route, where an entry's value comes from ([`ValueSource`]), and the networks of trusted
-//! proxies ([`Cidr`]).
+//! route, where an entry's value comes from ([`ValueSource`]), the networks of trusted
+//! proxies ([`Cidr`]), and a route's token budget ([`RouteUsage`]).
 
 use crate::error::Location;
 
@@ -17,12 +17,14 @@ mod cidr;
 mod host;
 mod path_pattern;
 mod route;
+mod usage;
 mod value_source;
 
 pub use cidr::Cidr;
 pub use host::{HostMatch, strip_port};
 pub use path_pattern::PathPattern;
 pub use route::{EntrySpec, Route, RouteHeaders};
+pub use usage::{DEFAULT_MAX_BODY, JsonPath, JsonStep, ReserveFrom, RouteUsage};
 pub use value_source::ValueSource;
 
 /// The gateway section of a rule file.

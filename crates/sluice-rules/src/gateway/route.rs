@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{HostMatch, PathPattern, ValueSource};
+use super::{HostMatch, PathPattern, RouteUsage, ValueSource};
 use crate::error::Location;
 
 /// Which rate-limit fields a route's answers carry. Mirrors the HTTP crate's header style,
@@ -44,6 +44,9 @@ pub struct Route {
     pub cost: u64,
     /// Which rate-limit fields its answers carry.
     pub headers: RouteHeaders,
+    /// Its token budget: reserve an estimate, settle with the usage the answer reports.
+    /// `None` (most routes) checks `cost` per request as before.
+    pub usage: Option<Arc<RouteUsage>>,
     /// Where the route starts.
     pub location: Location,
 }

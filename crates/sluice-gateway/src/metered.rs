@@ -1,0 +1,190 @@
+//! The gateway's service: the limit layer around forwarding, and, for a route with `usage`, a
+//! reservation of its estimate instead of a check, settled with the usage its answer reports.
+//!
+//! Routes without `usage` go through [`SharedLimit`] exactly as before: a rule set with no
+//! budgeted route costs one scan of its routes per request, and nothing is allocated for it.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::header::ACCEPT_ENCODING;
+use http::{Request, Response};
+use http_body_util::Either;
+use hyper::body::Incoming;
+use sluice_http::extract::matching_route;
+use sluice_http::middleware::{ResponseFuture, SharedLimitBody};
+use sluice_http::{SharedLimit, SharedLimitLayer, pass_headers, reject};
+use sluice_rules::RouteUsage;
+use tower_service::Service;
+
+use crate::GatewayBody;
+use crate::budget::{PendingSettle, UsageBody, estimate};
+use crate::forward::{Forward, RequestBody, error};
+
+/// The body of a budgeted route's answer: the upstream's, read for its usage, or one that
+/// settles nothing (the gateway's own, or an answer forwarded unlimited).
+pub type BudgetBody = Either<UsageBody, GatewayBody>;
+
+/// The body of every answer of the gateway.
+pub type MeteredBody = Either<SharedLimitBody<GatewayBody>, BudgetBody>;
+
+/// The gateway's service. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Metered {
+    limited: SharedLimit<Forward>,
+    budget: Arc<Budget>,
+}
+
+/// What a budgeted request needs: the layer's extraction and limiter, and forwarding.
+struct Budget {
+    layer: SharedLimitLayer,
+    forward: Forward,
+}
+
+impl Metered {
+    pub(crate) fn new(layer: SharedLimitLayer, forward: Forward) -> Self {
+        use tower_layer::Layer;
+        Metered {
+            limited: layer.layer(forward.clone()),
+            budget: Arc::new(Budget { layer, forward }),
+        }
+    }
+}
+
+impl Service<Request<Incoming>> for Metered {
+    type Response = Response<MeteredBody>;
+    type Error = Infallible;
+    type Future = MeteredFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.limited.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> MeteredFuture {
+        let rules = self.budget.layer.enforcer().limiter().reloader().rules();
+        let budgeted = rules
+            .gateway()
+            .filter(|g| g.routes.iter().any(|r| r.usage.is_some()));
+        let Some(gateway) = budgeted else {
+            return MeteredFuture::Limited(self.limited.call(request));
+        };
+        let (parts, body) = request.into_parts();
+        let usage = matching_route(gateway, &parts).and_then(|r| r.usage.clone());
+        let request = Request::from_parts(parts, body);
+        match usage {
+            Some(usage) => {
+                let budget = Arc::clone(&self.budget);
+                MeteredFuture::Budget(Box::pin(async move { budget.call(request, usage).await }))
+            }
+            None => MeteredFuture::Limited(self.limited.call(request)),
+        }
+    }
+}
+
+/// The answer of [`Metered`]: the limit layer's, or a budgeted route's.
+pub(crate) enum MeteredFuture {
+    Limited(ResponseFuture<Response<SharedLimitBody<GatewayBody>>, Infallible>),
+    Budget(Pin<Box<dyn Future<Output = Response<BudgetBody>> + Send>>),
+}
+
+impl Future for MeteredFuture {
+    type Output = Result<Response<MeteredBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            MeteredFuture::Limited(f) => {
+                let answer = ready!(f.as_mut().poll(cx));
+                Poll::Ready(answer.map(|r| r.map(Either::Left)))
+            }
+            MeteredFuture::Budget(f) => {
+                let answer = ready!(f.as_mut().poll(cx));
+                Poll::Ready(Ok(answer.map(Either::Right)))
+            }
+        }
+    }
+}
+
+impl Budget {
+    /// Reserves the request's estimate, forwards it, and settles with the answer's usage.
+    async fn call(
+        &self,
+        request: Request<Incoming>,
+        usage: Arc<RouteUsage>,
+    ) -> Response<BudgetBody> {
+        let (mut parts, body) = request.into_parts();
+        let limiter = self.layer.enforcer().limiter();
+        let Some(extracted) = self.layer.extract(&parts) else {
+            // The route builds no descriptor for this request: it passes unlimited, as any
+            // route's would.
+            return self
+                .forward_unmetered(Request::from_parts(parts, Either::Left(body)))
+                .await;
+        };
+        let (amount, body) = match estimate(&usage.reserve, &parts.headers, body).await {
+            Ok(read) => read,
+            Err(why) => return error(why.status(), why.detail()).map(Either::Right),
+        };
+        let ttl = usage.ttl.map(|t| t.min(limiter.reservation_ttls().max));
+        let reserved = match limiter.reserve(&extracted.request, amount, ttl).await {
+            Ok(r) => r,
+            Err(e) => {
+                // As a check the limiter refuses: the request passes unlimited rather than fail.
+                tracing::warn!(error = %e, "request not limited: {e}");
+                return self
+                    .forward_unmetered(Request::from_parts(parts, body))
+                    .await;
+            }
+        };
+        if !reserved.verdict.allowed {
+            return reject(&reserved.verdict, extracted.style, "limited")
+                .map(|b| Either::Right(Either::Right(b)));
+        }
+        let headers = pass_headers(&reserved.verdict, extracted.style);
+        // Admitted by `on_store_error` while the store failed: nothing was taken to settle.
+        let pending = reserved
+            .reservation
+            .map(|id| PendingSettle::new(Arc::clone(limiter), id, amount));
+        if pending.is_some() {
+            // A compressed answer could not be read for its usage.
+            parts.headers.remove(ACCEPT_ENCODING);
+        }
+        let mut response = match (
+            self.forward.send(Request::from_parts(parts, body)).await,
+            pending,
+        ) {
+            (Ok(answer), Some(pending)) => {
+                let (head, body) = answer.into_parts();
+                let body = UsageBody::new(body, &head.headers, usage.settle.clone(), pending);
+                Response::from_parts(head, Either::Left(body))
+            }
+            (Ok(answer), None) => answer.map(|b| Either::Right(Either::Left(b))),
+            (Err(failure), pending) => {
+                if let Some(pending) = pending {
+                    // An upstream that never saw the request used nothing; one that may have
+                    // (the connection broke, or it was late) may have used it all.
+                    let used = if failure.reached_upstream() {
+                        pending.reserved()
+                    } else {
+                        0
+                    };
+                    pending.settle(used).await;
+                }
+                failure.response().map(Either::Right)
+            }
+        };
+        for (k, v) in headers {
+            response.headers_mut().insert(k, v);
+        }
+        response
+    }
+
+    async fn forward_unmetered(&self, request: Request<RequestBody>) -> Response<BudgetBody> {
+        match self.forward.send(request).await {
+            Ok(answer) => answer.map(|b| Either::Right(Either::Left(b))),
+            Err(failure) => failure.response().map(Either::Right),
+        }
+    }
+}
