@@ -239,3 +239,31 @@ async fn shadow_limits_are_observed_untouched_and_the_service_reports_serving() 
         tonic_health::pb::health_check_response::ServingStatus::Serving
     );
 }
+
+#[tokio::test]
+async fn a_store_without_reservations_answers_unimplemented() {
+    use sluice_redis::testing::{shared_server, unique_prefix};
+    use sluice_server::{ServeOptions, Server};
+
+    // The hybrid store, over a real Redis, does not hold reservations (yet).
+    let rules = "domain: shop\ndescriptors:\n  - key: tokens\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+    let (rules, _dir) = sluice_test_support::rules_file("rules.yaml", rules);
+    let mut options = ServeOptions::new(vec![rules]);
+    options.http_addr = "127.0.0.1:0".parse().unwrap();
+    options.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    options.store = format!("hybrid+{}", shared_server().url());
+    options.store_settings.prefix = unique_prefix();
+    let server = Server::start(options).await.unwrap();
+    let mut c = ReservationsClient::connect(format!("http://{}", server.grpc_addr()))
+        .await
+        .unwrap();
+    let e = c.reserve(reserve("acme", 5)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
+    assert!(e.message().contains("does not hold reservations"), "{e:?}");
+    let e = c
+        .settle(settle("rsv_0123456789abcdef0123456789abcdef", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
+    server.shutdown().await;
+}
