@@ -3,9 +3,9 @@
 //! [`Limiter::settle`] as the HTTP API, and fail with the gRPC status that means what the HTTP
 //! status means, with the same message: the table is in `proto/sluice/v1/reservations.proto`.
 //!
-//! These calls go through tonic's generated server: unlike `ShouldRateLimit`
-//! ([`unary`](crate::unary)), they are not on Envoy's per-request path, and a reservation costs
-//! a store write and a record either way.
+//! These calls go through tonic's generated server: unlike `ShouldRateLimit`, which the service
+//! reads and answers itself, they are not on Envoy's per-request path, and a reservation costs a
+//! store write and a record either way.
 
 use std::sync::Arc;
 use std::time::Duration;
