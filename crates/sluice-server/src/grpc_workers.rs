@@ -14,7 +14,7 @@
 //!
 //! **Why not tonic's server.** tonic's transport puts a router (axum's, with its path
 //! parameters), a timeout layer, connection-info extensions and a boxed body around every
-//! request. The service has two gRPC services, told apart by the first segment of the path, so
+//! request. The service has three gRPC services, told apart by the first segment of the path, so
 //! it routes itself and hands hyper the generated tonic services as they are: 53,700
 //! instructions per `ShouldRateLimit` under callgrind at 128 connections, against 60,900
 //! through tonic's server. `ShouldRateLimit` itself, the call Envoy makes, skips tonic's
@@ -56,6 +56,8 @@ use tower_service::Service;
 
 use crate::body_deadline::BodyDeadline;
 use crate::grpc::RlsService;
+use crate::reservations::ReservationsService;
+use crate::sluice_v1::reservations_server::ReservationsServer;
 use crate::unary;
 
 /// What every gRPC connection is served with.
@@ -78,6 +80,8 @@ pub(crate) struct GrpcRoutes {
     pub(crate) service: Arc<RlsService>,
     /// The rest of `envoy.service.ratelimit.v3.RateLimitService`.
     pub(crate) rls: RateLimitServiceServer<RlsService>,
+    /// `sluice.v1.Reservations`.
+    pub(crate) reservations: ReservationsServer<ReservationsService>,
     /// `grpc.health.v1.Health`.
     pub(crate) health: HealthServer<HealthService>,
 }
@@ -100,6 +104,12 @@ impl GrpcRoutes {
             <RateLimitServiceServer<RlsService> as NamedService>::NAME,
         ) {
             return self.rls.clone().call(request);
+        }
+        if under(
+            path,
+            <ReservationsServer<ReservationsService> as NamedService>::NAME,
+        ) {
+            return self.reservations.clone().call(request);
         }
         if under(path, <HealthServer<HealthService> as NamedService>::NAME) {
             return self.health.clone().call(request);

@@ -30,6 +30,8 @@ pub mod grpc;
 mod grpc_tls;
 mod grpc_workers;
 pub mod metadata;
+pub mod reservations;
+pub mod sluice_v1;
 mod unary;
 pub mod wire_bounds;
 pub mod xds;
@@ -305,8 +307,9 @@ async fn serve_metrics(
     Ok(())
 }
 
-/// Serves Envoy's `ShouldRateLimit` and gRPC health on `grpc`, on runtimes of their own (one
-/// per CPU, see [`grpc_workers`]), with TLS when `grpc_tls` asks; returns the address.
+/// Serves Envoy's `ShouldRateLimit`, `sluice.v1.Reservations` and gRPC health on `grpc`, on
+/// runtimes of their own (one per CPU, see [`grpc_workers`]), with TLS when `grpc_tls` asks;
+/// returns the address.
 async fn serve_grpc(
     options: &ServeOptions,
     limiter: &Arc<Limiter>,
@@ -319,6 +322,9 @@ async fn serve_grpc(
     );
     health_reporter
         .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<grpc::RlsService>>()
+        .await;
+    health_reporter
+        .set_serving::<sluice_v1::reservations_server::ReservationsServer<reservations::ReservationsService>>()
         .await;
     let service = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
         .with_answers(options.envoy.clone());
@@ -333,6 +339,7 @@ async fn serve_grpc(
         routes: grpc_workers::GrpcRoutes {
             service: Arc::new(service),
             rls,
+            reservations: reservations::ReservationsService::new(limiter.clone()).into_server(),
             health,
         },
         tls,
