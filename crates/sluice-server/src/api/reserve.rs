@@ -94,13 +94,15 @@ pub(super) async fn settle(state: &ApiState, body: impl ApiBody) -> Result<Respo
     let bytes = collect_body(body).await?;
     let text = body_text(&bytes)?;
     let SettleBody { reservation, used } = parse_json(text)?;
-    let used = whole_number(&used).ok_or_else(|| {
-        Problem::bad_request(format!(
-            "`used` is {used}; send the units used, a whole number from 0 to {}",
-            u32::MAX
-        ))
-        .with_field("used")
-    })?;
+    let used = whole_number(&used)
+        .filter(|u| *u <= u64::from(u32::MAX))
+        .ok_or_else(|| {
+            Problem::bad_request(format!(
+                "`used` is {used}; send the units used, a whole number from 0 to {}",
+                u32::MAX
+            ))
+            .with_field("used")
+        })?;
     // A garbled id names no reservation, as an unknown one does.
     let Ok(id) = reservation.parse::<ReservationId>() else {
         return Err(unknown(&reservation));

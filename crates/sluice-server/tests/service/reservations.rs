@@ -185,7 +185,13 @@ async fn bad_input_is_refused_naming_the_field_and_takes_nothing() {
 
     let (_, r, _) = h.post("/v1/reserve", &reserve("zeta", json!(5))).await;
     let id = r["reservation"].clone();
-    for used in [json!(-1), json!(2.5), json!("many"), Value::Null] {
+    for used in [
+        json!(-1),
+        json!(2.5),
+        json!("many"),
+        Value::Null,
+        json!(big),
+    ] {
         let (status, s) = settle(&h, &id, used.clone()).await;
         assert_eq!(
             (status, s["field"].clone()),
