@@ -11,12 +11,11 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 
@@ -86,7 +85,7 @@ impl Sender {
             Err(e) => Err(e),
             Ok(addr) => {
                 let datagrams = datagrams(stats, &mut self.flushed);
-                self.send(addr, &datagrams).await
+                self.send(addr, &datagrams)
             }
         };
         match result {
@@ -124,7 +123,9 @@ impl Sender {
             .ok_or_else(|| "the name has no address".to_owned())
     }
 
-    async fn send(&mut self, addr: SocketAddr, datagrams: &[Vec<u8>]) -> Result<(), String> {
+    /// Hands `datagrams` to the kernel on a non-blocking socket: a send never waits, and a
+    /// datagram the kernel cannot take at once is dropped.
+    fn send(&mut self, addr: SocketAddr, datagrams: &[Vec<u8>]) -> Result<(), String> {
         let family = usize::from(addr.is_ipv6());
         if self.sockets[family].is_none() {
             let any = if addr.is_ipv6() {
@@ -132,15 +133,16 @@ impl Sender {
             } else {
                 SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))
             };
-            self.sockets[family] = Some(UdpSocket::bind(any).await.map_err(|e| e.to_string())?);
+            let socket = UdpSocket::bind(any).map_err(|e| e.to_string())?;
+            socket.set_nonblocking(true).map_err(|e| e.to_string())?;
+            self.sockets[family] = Some(socket);
         }
         let Some(socket) = &self.sockets[family] else {
             return Ok(());
         };
         let mut failed = None;
         for datagram in datagrams {
-            // Never waits: a datagram the kernel cannot take now is dropped.
-            if let Err(e) = socket.try_send_to(datagram, addr) {
+            if let Err(e) = socket.send_to(datagram, addr) {
                 failed = Some(e.to_string());
             }
         }
