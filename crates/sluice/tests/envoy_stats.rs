@@ -374,7 +374,7 @@ async fn a_collector_that_is_not_there_changes_no_answer() {
             ("STATSD_PORT", &statsd_port),
             ("STATS_FLUSH_INTERVAL", "1ms"),
         ])
-        .log_to(&bin.path().join("output.log"))
+        .log_to(bin.path().join("output.log"))
         .ready_on(Listener::Grpc)
         .start();
     let mut client = RateLimitServiceClient::connect(format!("http://{}", process.grpc()))
