@@ -321,6 +321,9 @@ impl EnvoyStats {
 
 #[cfg(test)]
 mod tests {
+    use sluice_limiter::{LimitResult, RequestDescriptor};
+    use sluice_rules::{Rule, RuleSet};
+
     use super::*;
 
     fn decision(allowed: bool, limit: u64, remaining: u64) -> Decision {
@@ -375,5 +378,163 @@ mod tests {
             [4, 0, 0, 0, 0]
         );
         assert_eq!(counted(0, decision(true, 10, 3), Outcome::Allowed), [0; 5]);
+    }
+
+    const RULES: &str = "domain: rl
+descriptors:
+  - key: route
+    value: api
+    descriptors:
+      - key: method
+        descriptors:
+          - key: user
+            rate_limit: {unit: minute, requests_per_unit: 10}
+";
+
+    /// A verdict on `request` under `rules`, each limit answered `decision` with `outcome`.
+    fn verdict(
+        rules: &RuleSet,
+        request: &LimitRequest,
+        decision: Decision,
+        outcome: Outcome,
+    ) -> Verdict {
+        let matches = rules.checks(&request.domain, &request.descriptors, 1);
+        Verdict {
+            allowed: true,
+            limits: matches
+                .checks
+                .into_iter()
+                .map(|c| LimitResult {
+                    descriptor: c.descriptor,
+                    key: c.key,
+                    rule: c.rule,
+                    decision,
+                    outcome,
+                })
+                .collect(),
+            unlimited: Vec::new(),
+        }
+    }
+
+    fn stats(rules: RuleSet, tags: &[(&str, &str)]) -> EnvoyStats {
+        let options = EnvoyStatsOptions {
+            extra_tags: tags
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..EnvoyStatsOptions::default()
+        };
+        EnvoyStats::new(&options, Reloader::fixed(rules), true)
+    }
+
+    fn request(entries: &[(&str, &str)]) -> LimitRequest {
+        LimitRequest {
+            domain: "rl".into(),
+            descriptors: vec![RequestDescriptor::new(entries.iter().copied())],
+            cost: 1,
+        }
+    }
+
+    #[test]
+    fn a_deep_key_is_sent_whole_and_shown_with_two_key_labels() {
+        let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
+        let stats = stats(
+            RuleSet::parse("rules.yaml", RULES).unwrap(),
+            &[("env", "prod")],
+        );
+        let request = request(&[("route", "api"), ("method", "GET"), ("user", "a")]);
+        stats.count_verdict(
+            &request,
+            &verdict(&rules, &request, decision(true, 10, 9), Outcome::Allowed),
+        );
+
+        let mut flushed = statsd::Flushed::default();
+        let sent = statsd::datagrams(&stats, &mut flushed).concat();
+        let sent = String::from_utf8(sent).unwrap();
+        for line in [
+            "ratelimit.service.rate_limit.rl.route_api.method.user.total_hits.__env=prod:1|c",
+            "ratelimit.service.rate_limit.rl.route_api.method.user.within_limit.__env=prod:1|c",
+            "ratelimit.service.config_load_success.__env=prod:1|c",
+        ] {
+            assert!(sent.lines().any(|l| l == line), "no {line} in {sent}");
+        }
+        // A second flush with nothing new sends nothing.
+        assert!(statsd::datagrams(&stats, &mut flushed).is_empty());
+
+        let mut text = String::new();
+        stats.render_prometheus(&mut text);
+        assert!(
+            text.contains(
+                "ratelimit_service_rate_limit_total_hits{domain=\"rl\",key1=\"route_api\",key2=\"method\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("ratelimit_service_config_load_success 1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_store_error_counts_the_hits_and_the_call_as_envoys_redis_error() {
+        let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
+        let stats = stats(RuleSet::parse("rules.yaml", RULES).unwrap(), &[]);
+        let request = request(&[("route", "api"), ("method", "GET"), ("user", "a")]);
+        let failed = verdict(
+            &rules,
+            &request,
+            decision(true, 10, 10),
+            Outcome::StoreError,
+        );
+        stats.count_verdict(&request, &failed);
+        let mut flushed = statsd::Flushed::default();
+        let sent = String::from_utf8(statsd::datagrams(&stats, &mut flushed).concat()).unwrap();
+        assert!(
+            sent.contains("ratelimit.service.rate_limit.rl.route_api.method.user.total_hits:1|c\n"),
+            "{sent}"
+        );
+        assert!(
+            sent.contains("ratelimit.service.call.should_rate_limit.redis_error:1|c\n"),
+            "{sent}"
+        );
+        assert!(!sent.contains("within_limit"), "{sent}");
+    }
+
+    #[test]
+    fn a_per_request_limit_is_named_by_its_descriptor() {
+        let rules = RuleSet::parse("rules.yaml", RULES).unwrap();
+        let stats = stats(rules, &[]);
+        let request = request(&[("remote_address", "192.168.0.1"), ("path", "/a:b")]);
+        let template = RuleSet::parse(
+            "one.yaml",
+            "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        )
+        .unwrap();
+        let limit = template
+            .checks("x", &[[("k", "v")]], 1)
+            .checks
+            .remove(0)
+            .rule
+            .limit
+            .clone();
+        let rule = Arc::new(Rule::standalone(limit, Arc::from("override")));
+        let verdict = Verdict {
+            allowed: false,
+            limits: vec![LimitResult {
+                descriptor: 0,
+                key: String::new(),
+                rule,
+                decision: decision(false, 1, 0),
+                outcome: Outcome::Limited,
+            }],
+            unlimited: Vec::new(),
+        };
+        stats.count_verdict(&request, &verdict);
+        let mut flushed = statsd::Flushed::default();
+        let sent = String::from_utf8(statsd::datagrams(&stats, &mut flushed).concat()).unwrap();
+        assert!(
+            sent.contains("ratelimit.service.rate_limit.rl.remote_address_192_168_0_1.path_/a_b.over_limit:1|c\n"),
+            "{sent}"
+        );
     }
 }
