@@ -155,6 +155,10 @@ impl LimitStats {
     }
 }
 
+/// The statistics keys' map. Keys may hold request values (`detailed_metric`), so the hasher is
+/// seeded per process; the map's size is bounded ([`MAX_DECISION_SERIES`]) too.
+type KeyMap<V> = HashMap<Box<str>, V, foldhash::quality::RandomState>;
+
 thread_local! {
     /// The statistics key being built, reused by every decision on this thread.
     static KEY: RefCell<String> = const { RefCell::new(String::new()) };
@@ -175,7 +179,7 @@ pub struct EnvoyStats {
     near_limit_ratio: f32,
     /// `EXTRA_TAGS` as a suffix of every statsd name.
     tags: String,
-    limits: RwLock<HashMap<Box<str>, LimitStats>>,
+    limits: RwLock<KeyMap<LimitStats>>,
     total_requests: AtomicU64,
     response_times: ResponseTimes,
     redis_errors: AtomicU64,
@@ -205,7 +209,7 @@ impl EnvoyStats {
         EnvoyStats {
             near_limit_ratio: options.near_limit_ratio,
             tags: stat_name::tag_suffix(&options.extra_tags),
-            limits: RwLock::new(HashMap::new()),
+            limits: RwLock::new(KeyMap::default()),
             total_requests: AtomicU64::new(0),
             response_times: ResponseTimes::new(),
             redis_errors: AtomicU64::new(0),

@@ -11,6 +11,16 @@ use sluice_limiter::RequestDescriptor;
 /// address in a value does not add levels to the name. A line break, which would end the
 /// statsd line itself, becomes `_` too; Envoy leaves it and sends a broken line.
 pub(super) fn sanitize(name: &mut String) {
+    // Most keys hold nothing to replace: no separator, and no dot between two digits, which
+    // every address has.
+    let b = name.as_bytes();
+    let separator = b.iter().any(|c| matches!(c, b':' | b'|' | b'\n' | b'\r'));
+    let dotted_digits = b
+        .windows(3)
+        .any(|w| w[1] == b'.' && w[0].is_ascii_digit() && w[2].is_ascii_digit());
+    if !separator && !dotted_digits {
+        return;
+    }
     let mut bytes = std::mem::take(name).into_bytes();
     for b in &mut bytes {
         if matches!(*b, b':' | b'|' | b'\n' | b'\r') {
@@ -19,6 +29,10 @@ pub(super) fn sanitize(name: &mut String) {
     }
     let mut at = 0;
     while at < bytes.len() {
+        if !bytes[at].is_ascii_digit() {
+            at += 1;
+            continue;
+        }
         match ipv4_at(&bytes[at..]) {
             Some(len) => {
                 for b in &mut bytes[at..at + len] {
@@ -120,6 +134,7 @@ mod tests {
         assert_eq!(sanitized("d.a_1.2.3.4.b_5.6.7.8"), "d.a_1_2_3_4.b_5_6_7_8");
         assert_eq!(sanitized("d.k_line\nbreak"), "d.k_line_break");
         assert_eq!(sanitized("d.k_é.1.2.3.4"), "d.k_é.1_2_3_4");
+        assert_eq!(sanitized("d.user_1234.n_5"), "d.user_1234.n_5");
     }
 
     #[test]
