@@ -14,11 +14,12 @@ pub(super) fn sanitize(name: &mut String) {
     // Most keys hold nothing to replace: no separator, and no dot between two digits, which
     // every address has.
     let b = name.as_bytes();
-    let separator = b.iter().any(|c| matches!(c, b':' | b'|' | b'\n' | b'\r'));
-    let dotted_digits = b
-        .windows(3)
-        .any(|w| w[1] == b'.' && w[0].is_ascii_digit() && w[2].is_ascii_digit());
-    if !separator && !dotted_digits {
+    let replaces = b.iter().enumerate().any(|(i, c)| match c {
+        b':' | b'|' | b'\n' | b'\r' => true,
+        b'.' => i > 0 && b[i - 1].is_ascii_digit() && b.get(i + 1).is_some_and(u8::is_ascii_digit),
+        _ => false,
+    });
+    if !replaces {
         return;
     }
     let mut bytes = std::mem::take(name).into_bytes();
