@@ -141,6 +141,7 @@ pub fn http_api(data: &[u8]) {
         admin_token: None,
         headers: HeaderStyle::Ietf,
         envoy: Default::default(),
+        envoy_stats: None,
     });
     let request = Request::post(path)
         .header("content-type", "application/json")

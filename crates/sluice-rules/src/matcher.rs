@@ -47,6 +47,9 @@ pub struct Rule {
     /// The rule's path in its domain, such as `api/user/path=/login`: a stable, bounded label
     /// for metrics that does not grow with request values.
     pub path: Arc<str>,
+    /// The same path as envoyproxy/ratelimit names the rule's statistics, `api.user.path_/login`
+    /// (levels joined by `.`, a value after its key and `_`); empty for a standalone rule.
+    stat_path: Arc<str>,
     /// Envoy's `quota_mode`: a denial refuses the request only when every quota descriptor
     /// of the request is denied.
     pub quota: bool,
@@ -83,6 +86,7 @@ impl Rule {
             limit,
             detailed_metric: false,
             path,
+            stat_path: Arc::from(""),
             quota: false,
             metadata: None,
             metric_parts: None,
@@ -108,6 +112,38 @@ impl Rule {
         &self.limit.replaces
     }
 
+    /// Appends to `out` the key envoyproxy/ratelimit names this rule's statistics by for a
+    /// decision on `descriptor` (a request descriptor this rule matched), the `KEY_VALUE` of
+    /// `ratelimit.service.rate_limit.DOMAIN.KEY_VALUE.total_hits`, unsanitized: the domain, then
+    /// each level as `key` or `key_value`, joined by `.`, with the request's values where
+    /// `detailed_metric` or `value_to_metric` ask for them, as Envoy places them (a
+    /// `detailed_metric` level always reads `key_value`, even for an empty value). Dashboards
+    /// built on Envoy's statistics read these names, so they follow Envoy's shape rather than
+    /// [`Rule::path`]'s. Nothing is appended for a standalone rule, which has no place in a
+    /// domain: its maker names it.
+    pub fn write_stat_key<D: DescriptorEntries + ?Sized>(&self, descriptor: &D, out: &mut String) {
+        let Some(parts) = self.metric_parts.as_deref() else {
+            out.push_str(&self.stat_path);
+            return;
+        };
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                out.push('.');
+            }
+            match part {
+                LabelPart::Fixed { stat, .. } => out.push_str(stat),
+                LabelPart::Value => {
+                    let (key, value) = descriptor.entry(i - 1);
+                    out.push_str(key);
+                    if self.detailed_metric || !value.is_empty() {
+                        out.push('_');
+                        out.push_str(value);
+                    }
+                }
+            }
+        }
+    }
+
     /// The metric label of a decision on `descriptor` (a request descriptor this rule
     /// matched), when `detailed_metric` or `value_to_metric` asks for the request's values in
     /// it: the rule's path with those values in place, such as `api/user=alice/path=/login`.
@@ -120,7 +156,7 @@ impl Rule {
                 label.push('/');
             }
             match part {
-                LabelPart::Fixed(text) => label.push_str(text),
+                LabelPart::Fixed { label: text, .. } => label.push_str(text),
                 LabelPart::Value => {
                     // Parts after the domain follow the request's entries one to one.
                     let (key, value) = descriptor.entry(i - 1);
@@ -139,8 +175,15 @@ impl Rule {
 /// One level of a metric label: the rule's own text, or the request's entry at that level.
 #[derive(Debug, Clone)]
 enum LabelPart {
-    /// As the rule reads: the domain, `key`, `key=value` or `key=pattern*`.
-    Fixed(Box<str>),
+    /// As the rule reads: the domain, `key`, `key=value` or `key=pattern*` (`label`), and the
+    /// same as Envoy's statistics name it: the domain, `key`, `key_value` or `key_pattern*`
+    /// (`stat`).
+    Fixed {
+        /// Sluice's form.
+        label: Box<str>,
+        /// Envoy's form.
+        stat: Box<str>,
+    },
     /// The request's `key=value` at this level.
     Value,
 }
@@ -305,12 +348,21 @@ impl CompiledDomain {
         let mut key_prefix = String::new();
         push_encoded(&mut key_prefix, &config.name);
         let mut root = Level::default();
+        let name = || LabelPart::Fixed {
+            label: config.name.as_str().into(),
+            stat: config.name.as_str().into(),
+        };
         let domain = LabelPath {
-            by_value: vec![LabelPart::Fixed(config.name.as_str().into())],
-            detailed: vec![LabelPart::Fixed(config.name.as_str().into())],
+            by_value: vec![name()],
+            detailed: vec![name()],
+        };
+        let parent = ParentPath {
+            path: &config.name,
+            stat_path: &config.name,
+            labels: &domain,
         };
         for d in &config.descriptors {
-            insert(&mut root, d, &config.name, &domain);
+            insert(&mut root, d, &parent);
         }
         CompiledDomain {
             config,
@@ -375,15 +427,26 @@ impl CompiledDomain {
     }
 }
 
-fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str, parent: &LabelPath) {
-    let own = match &d.value {
-        ValueMatch::Any => d.key.clone(),
-        v => format!("{}={v}", d.key),
+/// Where a descriptor sits: its parent's path in both forms, and its parent's label parts.
+struct ParentPath<'a> {
+    path: &'a str,
+    stat_path: &'a str,
+    labels: &'a LabelPath,
+}
+
+fn insert(level: &mut Level, d: &DescriptorConfig, parent: &ParentPath<'_>) {
+    let (own, stat_own) = match &d.value {
+        ValueMatch::Any => (d.key.clone(), d.key.clone()),
+        v => (format!("{}={v}", d.key), format!("{}_{v}", d.key)),
     };
-    let path: Arc<str> = format!("{parent_path}/{own}").into();
+    let path: Arc<str> = format!("{}/{own}", parent.path).into();
+    let stat_path: Arc<str> = format!("{}.{stat_own}", parent.stat_path).into();
     let wildcard = matches!(d.value, ValueMatch::Prefix(_) | ValueMatch::Pattern(_));
-    let fixed = || LabelPart::Fixed(own.as_str().into());
-    let mut labels = parent.clone();
+    let fixed = || LabelPart::Fixed {
+        label: own.as_str().into(),
+        stat: stat_own.as_str().into(),
+    };
+    let mut labels = parent.labels.clone();
     labels.by_value.push(match &d.value {
         ValueMatch::Exact(_) => fixed(),
         _ if wildcard && d.share_threshold => fixed(),
@@ -411,7 +474,14 @@ fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str, parent: &L
         limits: d
             .limits
             .iter()
-            .map(|l| Arc::new(compile_limit(l, d, path.clone(), metric_parts.clone())))
+            .map(|l| {
+                Arc::new(compile_limit(
+                    l,
+                    d,
+                    [path.clone(), stat_path.clone()],
+                    metric_parts.clone(),
+                ))
+            })
             .collect(),
         ..Node::default()
     };
@@ -437,8 +507,13 @@ fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str, parent: &L
             node.shared_value = Some(pattern);
         }
     }
+    let here = ParentPath {
+        path: &path,
+        stat_path: &stat_path,
+        labels: &labels,
+    };
     for child in &d.descriptors {
-        insert(&mut node.children, child, &path, &labels);
+        insert(&mut node.children, child, &here);
     }
     let rules = level.keys.entry(d.key.as_str().into()).or_default();
     // Duplicates were refused while decoding, so each slot is filled once.
@@ -465,10 +540,11 @@ fn insert(level: &mut Level, d: &DescriptorConfig, parent_path: &str, parent: &L
     }
 }
 
+/// The rule of limit `l` of descriptor `d`, at `path` (Sluice's form, then Envoy's).
 fn compile_limit(
     l: &LimitConfig,
     d: &DescriptorConfig,
-    path: Arc<str>,
+    [path, stat_path]: [Arc<str>; 2],
     metric_parts: Option<Box<[LabelPart]>>,
 ) -> Rule {
     Rule {
@@ -480,6 +556,7 @@ fn compile_limit(
         limit: l.clone(),
         detailed_metric: d.detailed_metric,
         path,
+        stat_path,
         standalone: false,
     }
 }

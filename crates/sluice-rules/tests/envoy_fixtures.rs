@@ -427,6 +427,70 @@ descriptors:
     );
 }
 
+/// The statistics key of the one limit `entries` match in domain `rl` of `rules`.
+fn stat_key(rules: &RuleSet, entries: &[(&str, &str)]) -> String {
+    let mut key = String::new();
+    only(&one(rules, "rl", entries))
+        .rule
+        .write_stat_key(entries, &mut key);
+    key
+}
+
+#[test]
+fn statistics_keys_take_envoys_shape() {
+    let rules = RuleSet::parse(
+        "stats.yaml",
+        r#"
+domain: rl
+descriptors:
+  - key: route
+    value: api
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: team
+    value_to_metric: true
+    descriptors:
+      - key: path
+        value: /api/*
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: method
+    value: GET*
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: files
+    value: "docs/*"
+    share_threshold: true
+    descriptors:
+      - key: user
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: client
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Without either flag: the rule's own levels, a value only where the rule names one.
+    assert_eq!(
+        stat_key(&rules, &[("route", "api"), ("user", "alice")]),
+        "rl.route_api.user"
+    );
+    // value_to_metric puts the request's value on a key-only level, and on a wildcard one.
+    assert_eq!(
+        stat_key(&rules, &[("team", "red"), ("path", "/api/v1")]),
+        "rl.team_red.path_/api/*"
+    );
+    assert_eq!(stat_key(&rules, &[("method", "GETX")]), "rl.method_GETX");
+    // detailed_metric names every value but a shared wildcard's pattern.
+    assert_eq!(
+        stat_key(&rules, &[("files", "docs/a.pdf"), ("user", "bob")]),
+        "rl.files_docs/*.user_bob"
+    );
+    // A detailed level keeps Envoy's `key_` for an empty value.
+    assert_eq!(stat_key(&rules, &[("client", "")]), "rl.client_");
+}
+
 #[test]
 fn metadata_that_is_not_a_mapping_is_refused_where_it_is() {
     for (text, at, says) in [

@@ -54,16 +54,19 @@ impl Default for LimitHeaderNames {
 
 impl EnvoyAnswers {
     /// Adds the headers, then applies the shadow mode, as envoyproxy/ratelimit does: the
-    /// headers still describe the limit that would have refused.
-    pub fn finish(&self, response: &mut RateLimitResponse) {
+    /// headers still describe the limit that would have refused. Whether the shadow mode
+    /// turned the answer from `OVER_LIMIT` to `OK`, which Envoy's statistics count.
+    pub fn finish(&self, response: &mut RateLimitResponse) -> bool {
         if let Some(names) = &self.limit_headers {
             response
                 .response_headers_to_add
                 .extend(limit_headers(response, names));
         }
-        if self.shadow_mode && response.overall_code == Code::OverLimit as i32 {
+        let shadowed = self.shadow_mode && response.overall_code == Code::OverLimit as i32;
+        if shadowed {
             response.overall_code = Code::Ok as i32;
         }
+        shadowed
     }
 }
 

@@ -1,6 +1,7 @@
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
@@ -12,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use crate::compat::EnvoyAnswers;
 use crate::envoy::{RateLimitRequest, RateLimitResponse, to_limit_request, to_response};
+use crate::envoy_stats::EnvoyStats;
 use crate::metadata::dynamic_metadata;
 
 /// The gRPC rate-limit service.
@@ -22,6 +24,8 @@ pub struct RlsService {
     headers: HeaderStyle,
     /// The service-wide settings envoyproxy/ratelimit applies to every answer.
     answers: EnvoyAnswers,
+    /// envoyproxy/ratelimit's statistics, when kept: every call and every limit it meets.
+    stats: Option<Arc<EnvoyStats>>,
 }
 
 impl RlsService {
@@ -31,7 +35,14 @@ impl RlsService {
             limiter,
             headers,
             answers: EnvoyAnswers::default(),
+            stats: None,
         }
+    }
+
+    /// The same service, counting envoyproxy/ratelimit's statistics in `stats`.
+    pub fn with_stats(mut self, stats: Option<Arc<EnvoyStats>>) -> Self {
+        self.stats = stats;
+        self
     }
 
     /// The same service, finishing every answer with `answers`.
@@ -47,11 +58,26 @@ impl RlsService {
 }
 
 impl RlsService {
-    /// The answer to one `ShouldRateLimit` call, or the status it fails with.
+    /// The answer to one `ShouldRateLimit` call, or the status it fails with, counted in the
+    /// statistics when they are kept: its time from the decoded message to the answer, as
+    /// Envoy times the handler, and an invalid request as a `service_error`.
     pub(crate) async fn answer(
         &self,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
+        let Some(stats) = &self.stats else {
+            return self.decide(request).await;
+        };
+        let started = Instant::now();
+        let answer = self.decide(request).await;
+        stats.count_call(started.elapsed());
+        if answer.is_err() {
+            stats.count_service_error();
+        }
+        answer
+    }
+
+    async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let sent_cost = request.hits_addend;
         let request = to_limit_request(request).map_err(Status::invalid_argument)?;
         let verdict = self
@@ -71,7 +97,13 @@ impl RlsService {
                 })
                 .collect();
         }
-        self.answers.finish(&mut response);
+        let shadowed = self.answers.finish(&mut response);
+        if let Some(stats) = &self.stats {
+            stats.count_verdict(&request, &verdict);
+            if shadowed {
+                stats.count_global_shadow();
+            }
+        }
         if self.answers.dynamic_metadata {
             response.dynamic_metadata = Some(dynamic_metadata(sent_cost, &request, &verdict));
         }

@@ -26,6 +26,7 @@ pub mod compat;
 pub mod debug;
 pub mod envoy;
 pub mod envoy_env;
+pub mod envoy_stats;
 pub mod grpc;
 mod grpc_tls;
 mod grpc_workers;
@@ -90,6 +91,9 @@ pub struct ServeOptions {
     pub xds: Option<xds::XdsOptions>,
     /// How long `/v1/reserve` reservations hold: by default, and at most.
     pub reservations: sluice_limiter::ReservationTtls,
+    /// envoyproxy/ratelimit's statistics under its names, to statsd and on the metrics
+    /// listener (none unless given).
+    pub envoy_stats: Option<envoy_stats::EnvoyStatsOptions>,
 }
 
 impl ServeOptions {
@@ -114,6 +118,7 @@ impl ServeOptions {
             grpc_tls: None,
             xds: None,
             reservations: sluice_limiter::ReservationTtls::default(),
+            envoy_stats: None,
         }
     }
 }
@@ -194,10 +199,11 @@ impl Server {
             limiter: limiter.clone(),
             admin_token: options.admin_token.as_deref().map(Arc::from),
         };
-        let http_addr = lifecycle.serve(http, http_api(&options, &admin));
+        let stats = envoy_stats(&options, &limiter, &mut lifecycle);
+        let http_addr = lifecycle.serve(http, http_api(&options, &admin, stats.clone()));
         serve_debug(&options, &admin, &mut lifecycle).await?;
-        serve_metrics(&options, &admin, &mut lifecycle).await?;
-        let grpc_addr = serve_grpc(&options, &limiter, grpc, &mut lifecycle).await?;
+        serve_metrics(&options, &admin, stats.clone(), &mut lifecycle).await?;
+        let grpc_addr = serve_grpc(&options, &limiter, stats, grpc, &mut lifecycle).await?;
         lifecycle.sample(&limiter);
         tracing::info!(%http_addr, %grpc_addr, store = %options.store, tls = options.grpc_tls.is_some(), "sluice is serving");
         Ok(Server {
@@ -263,13 +269,47 @@ async fn follow_rules(
     Ok(limiter)
 }
 
+/// envoyproxy/ratelimit's statistics, when `envoy_stats` asks for them, with their statsd
+/// sender started.
+fn envoy_stats(
+    options: &ServeOptions,
+    limiter: &Arc<Limiter>,
+    lifecycle: &mut Lifecycle,
+) -> Option<Arc<envoy_stats::EnvoyStats>> {
+    let settings = options.envoy_stats.as_ref()?;
+    let stats = Arc::new(envoy_stats::EnvoyStats::new(
+        settings,
+        limiter.reloader().clone(),
+        options.xds.is_none(),
+    ));
+    if let Some(target) = &settings.statsd {
+        tracing::info!(
+            statsd = %format!("{}:{}", target.host, target.port),
+            every = ?settings.flush_interval,
+            "sending envoyproxy/ratelimit's statistics to statsd"
+        );
+        lifecycle.spawn(envoy_stats::send_every(
+            stats.clone(),
+            target.clone(),
+            settings.flush_interval,
+            lifecycle.stopped(),
+        ));
+    }
+    Some(stats)
+}
+
 /// The HTTP API: `/json`, `/v1/check` and the admin endpoints.
-fn http_api(options: &ServeOptions, admin: &AdminState) -> api::ApiService {
+fn http_api(
+    options: &ServeOptions,
+    admin: &AdminState,
+    envoy_stats: Option<Arc<envoy_stats::EnvoyStats>>,
+) -> api::ApiService {
     api::ApiService::new(api::ApiState {
         limiter: admin.limiter.clone(),
         admin_token: admin.admin_token.clone(),
         headers: options.http_headers,
         envoy: options.envoy.clone(),
+        envoy_stats,
     })
 }
 
@@ -286,10 +326,12 @@ async fn serve_debug(
     Ok(())
 }
 
-/// A listener of the metrics alone at `metrics_path`, when `metrics_addr` asks for one.
+/// A listener of the metrics alone at `metrics_path`, when `metrics_addr` asks for one; with
+/// envoyproxy/ratelimit's statistics after Sluice's own when they are kept for Prometheus.
 async fn serve_metrics(
     options: &ServeOptions,
     admin: &AdminState,
+    envoy_stats: Option<Arc<envoy_stats::EnvoyStats>>,
     lifecycle: &mut Lifecycle,
 ) -> Result<(), BindError> {
     if let Some(addr) = options.metrics_addr {
@@ -298,13 +340,43 @@ async fn serve_metrics(
         } else {
             format!("/{}", options.metrics_path)
         };
-        let metrics = axum::Router::new()
-            .route(&path, axum::routing::get(sluice_http::admin::metrics))
-            .with_state(admin.clone());
+        let for_prometheus = options.envoy_stats.as_ref().is_some_and(|s| s.prometheus);
+        let metrics = match envoy_stats.filter(|_| for_prometheus) {
+            Some(stats) => axum::Router::new().route(
+                &path,
+                axum::routing::get(move |state| with_envoy_stats(state, stats.clone())),
+            ),
+            None => {
+                axum::Router::new().route(&path, axum::routing::get(sluice_http::admin::metrics))
+            }
+        }
+        .with_state(admin.clone());
         let addr = lifecycle.listen(addr, metrics).await?;
         tracing::info!(%addr, %path, "metrics listener");
     }
     Ok(())
+}
+
+/// The metrics, with envoyproxy/ratelimit's statistics before the OpenMetrics end marker.
+async fn with_envoy_stats(
+    axum::extract::State(state): axum::extract::State<AdminState>,
+    stats: Arc<envoy_stats::EnvoyStats>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let mut text = state.limiter.render_metrics();
+    if text.ends_with("# EOF\n") {
+        text.truncate(text.len() - "# EOF\n".len());
+    }
+    stats.render_prometheus(&mut text);
+    text.push_str("# EOF\n");
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// Serves Envoy's `ShouldRateLimit`, `sluice.v1.Reservations` and gRPC health on `grpc`, on
@@ -313,6 +385,7 @@ async fn serve_metrics(
 async fn serve_grpc(
     options: &ServeOptions,
     limiter: &Arc<Limiter>,
+    envoy_stats: Option<Arc<envoy_stats::EnvoyStats>>,
     grpc: Bound,
     lifecycle: &mut Lifecycle,
 ) -> Result<SocketAddr, StartError> {
@@ -327,7 +400,8 @@ async fn serve_grpc(
         .set_serving::<sluice_v1::reservations_server::ReservationsServer<reservations::ReservationsService>>()
         .await;
     let service = grpc::RlsService::new(limiter.clone(), options.grpc_headers)
-        .with_answers(options.envoy.clone());
+        .with_answers(options.envoy.clone())
+        .with_stats(envoy_stats);
     let rls = service.clone().into_server();
     let tls = options
         .grpc_tls

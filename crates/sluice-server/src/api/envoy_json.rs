@@ -25,7 +25,13 @@ pub(super) async fn answer(state: &ApiState, body: impl ApiBody) -> Result<Respo
         verdict,
     } = decide(state, body).await?;
     let mut response = to_response(&verdict, request.descriptors.len());
-    state.envoy.finish(&mut response);
+    let shadowed = state.envoy.finish(&mut response);
+    if let Some(stats) = &state.envoy_stats {
+        stats.count_verdict(&request, &verdict);
+        if shadowed {
+            stats.count_global_shadow();
+        }
+    }
     if state.envoy.dynamic_metadata {
         let sent = u32::try_from(sent_cost).unwrap_or(u32::MAX);
         response.dynamic_metadata = Some(dynamic_metadata(sent, &request, &verdict));

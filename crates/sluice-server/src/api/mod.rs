@@ -36,6 +36,8 @@ pub struct ApiState {
     pub headers: HeaderStyle,
     /// The service-wide settings envoyproxy/ratelimit applies to `/json` answers.
     pub envoy: crate::compat::EnvoyAnswers,
+    /// envoyproxy/ratelimit's statistics, which `/json` decisions count in, when kept.
+    pub envoy_stats: Option<Arc<crate::envoy_stats::EnvoyStats>>,
 }
 
 /// The service `sluice serve` answers HTTP with: [`router`], except that the two decision

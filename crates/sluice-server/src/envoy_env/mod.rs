@@ -7,11 +7,13 @@
 //!
 //! [`launch`] is a pure function of the variables, so that every mapping is tested without a
 //! process; `docs/envoy.md` lists the variables and what each becomes. The variables are read
-//! in `variables.rs`, the Redis ones become a store URL in `redis.rs`, and the host and port
-//! ones become listening addresses in `addresses.rs`.
+//! in `variables.rs`, the Redis ones become a store URL in `redis.rs`, the host and port
+//! ones become listening addresses in `addresses.rs`, and the statistics ones become Envoy's
+//! statistics in `stats.rs`.
 
 mod addresses;
 mod redis;
+mod stats;
 mod variables;
 
 use std::collections::BTreeMap;
@@ -22,6 +24,7 @@ use crate::xds::{XdsOptions, XdsTls};
 use crate::{GrpcTls, ServeOptions};
 use addresses::{address, listen_addr};
 use redis::store_url;
+use stats::stats_options;
 use variables::{Env, NOT_HONOURED, NOT_NEEDED, go_duration};
 
 /// What the environment asks for.
@@ -92,10 +95,6 @@ pub fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> {
             not_honoured.push(format!("{name} ({why})"));
         }
     }
-    // statsd is envoyproxy/ratelimit's default, so it is named unless turned off.
-    if env.flag("USE_STATSD", true)? {
-        not_honoured.push("USE_STATSD (no statsd; metrics are served for Prometheus)".to_owned());
-    }
     if !env.flag("RUNTIME_IGNOREDOTFILES", false)? && env.get("RUNTIME_IGNOREDOTFILES").is_some() {
         not_honoured
             .push("RUNTIME_IGNOREDOTFILES=false (dot-files are never read as rules)".to_owned());
@@ -123,6 +122,7 @@ pub fn launch(vars: &BTreeMap<String, String>) -> Result<Launch, String> {
             Some(listen_addr(addr).map_err(|e| format!("PROMETHEUS_ADDR={addr}: {e}"))?);
         options.metrics_path = env.or("PROMETHEUS_PATH", "/metrics").to_owned();
     }
+    options.envoy_stats = stats_options(&env, &mut not_honoured)?;
 
     // Sluice's own variable wins: the memory store, or any store URL, without REDIS_*.
     options.store = match env.get("SLUICE_STORE") {
@@ -378,6 +378,7 @@ mod tests {
     fn what_is_not_honoured_is_named_and_what_cannot_work_stops_the_start() {
         let l = launch(&redis_tcp(&[
             ("USE_STATSD", "true"),
+            ("STATSD_PROTOCOL", "tcp"),
             ("TRACING_ENABLED", "true"),
             ("DISABLE_STATS", "false"),
             ("REDIS_PERSECOND", "true"),
@@ -388,7 +389,10 @@ mod tests {
             .iter()
             .map(|w| w.split(' ').next().unwrap())
             .collect();
-        assert_eq!(named, ["TRACING_ENABLED", "USE_STATSD", "REDIS_PERSECOND"]);
+        assert_eq!(
+            named,
+            ["TRACING_ENABLED", "REDIS_PERSECOND", "STATSD_PROTOCOL=tcp"]
+        );
 
         let refused = [
             (vec![("CONFIG_TYPE", "XDS")], "CONFIG_TYPE=XDS"),
@@ -404,6 +408,14 @@ mod tests {
             (vec![("LOG_LEVEL", "loud")], "LOG_LEVEL=loud"),
             (vec![("SHADOW_MODE", "maybe")], "SHADOW_MODE=maybe"),
             (vec![("PORT", "http")], "PORT=http"),
+            (vec![("STATSD_PORT", "udp")], "STATSD_PORT=udp"),
+            (
+                vec![("STATS_FLUSH_INTERVAL", "0s")],
+                "STATS_FLUSH_INTERVAL=0s",
+            ),
+            (vec![("NEAR_LIMIT_RATIO", "most")], "NEAR_LIMIT_RATIO=most"),
+            (vec![("EXTRA_TAGS", "team")], "EXTRA_TAGS=team"),
+            (vec![("DISABLE_STATS", "yes")], "DISABLE_STATS=yes"),
             (vec![("REDIS_TIMEOUT", "soon")], "REDIS_TIMEOUT=soon"),
             (
                 vec![("GRPC_SERVER_USE_TLS", "true")],
@@ -417,6 +429,61 @@ mod tests {
         // With no Redis named at all, the default Unix socket is refused with what to set.
         let e = launch(&vars(&[])).unwrap_err();
         assert!(e.contains("REDIS_SOCKET_TYPE=tcp"), "{e}");
+    }
+
+    #[test]
+    fn statistics_follow_envoys_variables() {
+        // statsd is Envoy's default.
+        let mut v = redis_tcp(&[]);
+        v.remove("USE_STATSD");
+        let s = launch(&v).unwrap().options.envoy_stats.unwrap();
+        assert_eq!(s, crate::envoy_stats::EnvoyStatsOptions::default());
+
+        let l = launch(&redis_tcp(&[
+            ("USE_STATSD", "true"),
+            ("STATSD_HOST", "statsd.ns"),
+            ("STATSD_PORT", "9125"),
+            ("STATS_FLUSH_INTERVAL", "250ms"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+            ("EXTRA_TAGS", "env:prod,version:1.2"),
+            ("USE_PROMETHEUS", "true"),
+        ]))
+        .unwrap();
+        assert!(l.not_honoured.is_empty(), "{:?}", l.not_honoured);
+        let s = l.options.envoy_stats.unwrap();
+        let statsd = s.statsd.unwrap();
+        assert_eq!((statsd.host.as_str(), statsd.port), ("statsd.ns", 9125));
+        assert_eq!(s.flush_interval, std::time::Duration::from_millis(250));
+        assert!((s.near_limit_ratio - 0.9).abs() < f32::EPSILON);
+        assert_eq!(
+            s.extra_tags,
+            [
+                ("env".to_owned(), "prod".to_owned()),
+                ("version".to_owned(), "1.2".to_owned())
+            ]
+        );
+        assert!(s.prometheus);
+
+        // Prometheus alone keeps them for the listener, without statsd.
+        let l = launch(&redis_tcp(&[("USE_PROMETHEUS", "true")])).unwrap();
+        let s = l.options.envoy_stats.unwrap();
+        assert!(s.prometheus && s.statsd.is_none());
+        // Neither, or DISABLE_STATS: none kept; Sluice's own metrics stay.
+        assert!(
+            launch(&redis_tcp(&[]))
+                .unwrap()
+                .options
+                .envoy_stats
+                .is_none()
+        );
+        let l = launch(&redis_tcp(&[
+            ("USE_STATSD", "true"),
+            ("USE_PROMETHEUS", "true"),
+            ("DISABLE_STATS", "true"),
+        ]))
+        .unwrap();
+        assert!(l.options.envoy_stats.is_none());
+        assert!(l.options.metrics_addr.is_some());
     }
 
     #[test]

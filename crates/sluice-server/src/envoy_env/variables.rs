@@ -31,17 +31,15 @@ pub(super) const NOT_HONOURED: &[(&str, &str)] = &[
     ),
     (
         "USE_DOG_STATSD",
-        "no statsd; metrics are served for Prometheus",
+        "no DogStatsD tags; plain statsd names are sent with USE_STATSD",
     ),
-    ("USE_DOG_STATSD_MOGRIFIERS", "no statsd"),
-    ("STATSD_HOST", "no statsd"),
-    ("STATSD_PORT", "no statsd"),
-    ("EXTRA_TAGS", "no statsd tags"),
-    ("STATS_FLUSH_INTERVAL", "metrics are read when scraped"),
-    ("DISABLE_STATS", "metrics are always kept"),
+    (
+        "USE_DOG_STATSD_MOGRIFIERS",
+        "no DogStatsD tags; plain statsd names are sent with USE_STATSD",
+    ),
     (
         "PROMETHEUS_MAPPER_YAML",
-        "metric names are Sluice's own (docs/metrics.md)",
+        "the names of Envoy's default mapping are served",
     ),
     (
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
@@ -56,7 +54,6 @@ pub(super) const NOT_HONOURED: &[(&str, &str)] = &[
         "LOCAL_CACHE_SIZE_IN_BYTES",
         "use the hybrid store for local decisions",
     ),
-    ("NEAR_LIMIT_RATIO", "no near-limit statistic"),
     ("REDIS_TLS_CLIENT_CERT", "no client certificate to Redis"),
     ("REDIS_TLS_CLIENT_KEY", "no client certificate to Redis"),
     (
