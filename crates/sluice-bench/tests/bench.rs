@@ -252,8 +252,6 @@ async fn usage_calls_stay_within_the_budget_with_reservations_and_add_up() {
     assert_eq!(r.refunded, r.refunds_expected, "{r}");
     assert_eq!(r.refunds_expected, r.tokens_reserved - r.tokens_used);
     assert_eq!(r.charged, 0);
-    // Refused once less than a reservation is left: at most 499 units unspent.
-    assert!(r.tokens_used > BUDGET - 500, "{r}");
 
     let r = usage_run(&server, bench::Flow::Report, "report").await;
     assert_eq!(r.run.error_count(), 0, "{r}");
