@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks of the built binaries with `sluice bench`, each against a baseline in the same run.
 
-    python3 scripts/bench.py [service|redis|gateway|ab|hybrid|peers ...] [--runs 3] [--secs 5] [--pin]
+    python3 scripts/bench.py [service|redis|gateway|ab|hybrid|peers|usage ...] [--runs 3] [--secs 5] [--pin]
 
 - peers: every target of issue #15 against its peer, in one run, ending in the one table of
   docs/BENCHMARKS.md. Servers on CPU 0 (taskset), the generator on CPU 1, CPU per answer from
@@ -48,6 +48,19 @@
   after each hybrid run: the script calls the store sent (evalsha …), every command Redis ran
   (those inside the scripts included, INFO aside), and redis-server's CPU time, all divided by
   the run's answers (warm-up included on both sides).
+
+- usage: issue #29's budget. A fixed_window budget of 100,000 tokens an hour; 1,000 concurrent
+  callers (`sluice bench usage`, 1,000 workers on one thread), each call using 50 to 500
+  tokens (uniform, seeded; 500 declared), 10,000 calls in all, more than the budget holds, on a
+  fresh descriptor per run. Check-then-report (Envoy's flow on `/json`: `hits_addend` 0, then
+  the amount used) against reserve-then-settle (`/v1/reserve` 500, `/v1/settle` the amount
+  used), on the memory store, on Redis (one instance) and on 3 instances sharing one Redis
+  (workers round robin over them): tokens admitted beyond the budget (used by admitted calls
+  minus 100,000) and, for reservations, refunds answered against refunds expected, as medians
+  of --runs runs. Runs never cross an hour's boundary (the script waits). Then the CPU of a
+  reserve plus a settle against one `/v1/check`, on the memory store, the server on CPU 0 and
+  the generator on CPU 1, 64 workers over 10,000 keys, the server's utime + stime per call from
+  /proc/PID/stat, medians of per-round ratios.
 
 Every server runs in its own process on loopback; the generator is one more, on one thread.
 Runs are interleaved (one of each, then again) and the medians printed as Markdown tables.
@@ -1164,6 +1177,110 @@ def print_peers(res, args, commit, dirty, started):
     for d in details:
         print("\n" + d)
 
+USAGE_BUDGET = 100_000
+USAGE_CALLERS = 1_000
+USAGE_CALLS = 10_000
+
+USAGE_RULES = """
+domain: llm
+descriptors:
+  # The budget: 100,000 tokens an hour.
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 100000, algorithm: fixed_window}
+  # The CPU comparison: one rule for the check and the reservation, never exhausted.
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000000, algorithm: fixed_window}
+"""
+
+USAGE_CHECK_BODY = '{"domain":"llm","descriptors":[{"entries":[{"key":"user","value":"u{n}"}]}]}'
+
+
+def usage_call(urls, flow, tenant):
+    """One budget run: `USAGE_CALLS` calls by `USAGE_CALLERS` callers against a fresh tenant."""
+    # A run must stay inside one hour's window: wait out the last minute of an hour.
+    left = 3600 - time.time() % 3600
+    if left < 60:
+        time.sleep(left + 1)
+    args = [BIN, "bench", "usage", *urls, "--json", "--flow", flow, "--domain", "llm",
+            "--descriptor", f"tenant={tenant}", "--declared", "500", "--used-min", "50",
+            "--used-max", "500", "--budget", str(USAGE_BUDGET), "--ttl", "5m",
+            "-c", str(USAGE_CALLERS), "--requests", str(USAGE_CALLS), "--timeout", "60s"]
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(args)} failed:\n{out.stderr}")
+    report = json.loads(out.stdout)
+    if report["errors"]:
+        sys.exit(f"{' '.join(args)} had errors: {report['errors']}")
+    return report
+
+
+def usage(tmp, runs, secs):
+    rules = "usage.yaml"
+    with open(os.path.join(tmp, rules), "w") as f:
+        f.write(USAGE_RULES)
+    log = open(os.path.join(tmp, "usage.log"), "w")
+    redis_port = free_port()
+    start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+           "--appendonly", "no"], log)
+    wait_port(redis_port, "redis-server")
+    # 1,000 callers queue behind one Redis on a shared machine for longer than the default
+    # 50 ms store timeout, after which on_store_error would decide instead of the store.
+    store = ["--store", f"redis://127.0.0.1:{redis_port}", "--store-prefix", "usage",
+             "--store-timeout-ms", "5000"]
+    memory = start_serve(tmp, log, rules=rules)[0]
+    shared = [start_serve(tmp, log, *store, rules=rules)[0] for _ in range(3)]
+    setups = [("memory", [memory]), ("Redis, 1 instance", shared[:1]),
+              ("Redis, 3 instances", shared)]
+    results = {}
+    for i in range(runs):
+        for name, ports in setups:
+            for flow in ["report", "reserve"]:
+                urls = [f"http://127.0.0.1:{p}" for p in ports]
+                tenant = f"t{os.getpid()}-{i}-{len(ports)}-{name[0]}-{flow}"
+                results.setdefault((name, flow), []).append(usage_call(urls, flow, tenant))
+    print(f"\n### Tokens admitted beyond a budget of {USAGE_BUDGET:,} an hour: "
+          f"{USAGE_CALLERS:,} concurrent callers, {USAGE_CALLS:,} calls of 50–500 tokens "
+          f"(500 declared), medians of {runs} runs\n")
+    print("| store | flow | calls admitted | tokens used | beyond the budget | "
+          "refunded / expected | runs with any beyond |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, _ in setups:
+        for flow in ["report", "reserve"]:
+            rs = results[(name, flow)]
+            label = "check-then-report (Envoy)" if flow == "report" else "reserve-then-settle"
+            refund = "" if flow == "report" else \
+                f"{med([r['refunded'] / max(r['refunds_expected'], 1) for r in rs]):.4f}"
+            over = sum(1 for r in rs if r["beyond_budget"] > 0)
+            print(f"| {name} | {label} | {med([r['calls_admitted'] for r in rs]):,.0f} | "
+                  f"{med([r['tokens_used'] for r in rs]):,.0f} | "
+                  f"{med([r['beyond_budget'] for r in rs]):,.0f} | {refund} | {over} of {len(rs)} |")
+    stop_all()
+    children.clear()
+
+    # The CPU of a reserve plus a settle against one check, on one pinned server.
+    port = start_serve(tmp, log, rules=rules, cpus="0")[0]
+    proc = children[-1]
+    url = f"http://127.0.0.1:{port}"
+    check, call = [], []
+    for _ in range(runs):
+        check.append(with_cpu(proc, lambda: bench(
+            "http", f"{url}/v1/check", "-X", "POST", "-d", USAGE_CHECK_BODY, secs=secs,
+            cpus="1")))
+        call.append(with_cpu(proc, lambda: bench(
+            "usage", url, "--flow", "reserve", "--domain", "llm", "--descriptor", "user=u{n}",
+            "--ttl", "5m", secs=secs, cpus="1")))
+    ratio = med([b["cpu_us"] / a["cpu_us"] for a, b in zip(check, call)])
+    print(f"\n### Server CPU per call, memory store, server on CPU 0, generator on CPU 1, "
+          f"64 workers over {KEYS:,} keys, {runs} × {secs} s\n")
+    print("| call | calls/s (median) | server CPU µs per call (median) | × `/v1/check` |")
+    print("|---|---:|---:|---:|")
+    print(f"| `/v1/check` | {med([r['throughput'] for r in check]):,.0f} | "
+          f"{med([r['cpu_us'] for r in check]):.1f} | 1.00 |")
+    print(f"| `/v1/reserve` + `/v1/settle` | {med([r['throughput'] for r in call]):,.0f} | "
+          f"{med([r['cpu_us'] for r in call]):.1f} | {ratio:.2f} |")
+    rounds_text = ", ".join(f"{b['cpu_us'] / a['cpu_us']:.2f}" for a, b in zip(check, call))
+    print(f"\nPer-round ratios: {rounds_text}.")
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1204,7 +1321,8 @@ def main():
                 elif what == "peers":
                     peers(tmp, args)
                 else:
-                    {"service": service, "redis": redis}[what](tmp, args.runs, args.secs)
+                    {"service": service, "redis": redis, "usage": usage}[what](
+                        tmp, args.runs, args.secs)
                 stop_all()
                 children.clear()
         finally:

@@ -28,7 +28,7 @@ use super::{Answer, BenchError, Sender, Target, Template};
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// One descriptor: its entries, each value a template.
-type DescriptorTemplate = Vec<(String, Template)>;
+pub(crate) type DescriptorTemplate = Vec<(String, Template)>;
 
 /// The rate-limit service to load.
 #[derive(Debug)]
@@ -154,7 +154,7 @@ impl GrpcTarget {
 }
 
 /// `key=value,key=value` as entries; a key without `=value` is an error.
-fn parse_descriptor(text: &str) -> Result<DescriptorTemplate, String> {
+pub(crate) fn parse_descriptor(text: &str) -> Result<DescriptorTemplate, String> {
     text.split(',')
         .map(|pair| match pair.split_once('=') {
             Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), Template::new(v))),

@@ -13,6 +13,10 @@
 //!   was idle, latency counts from the actual send: the timer's own lateness is the generator's,
 //!   not the server's.
 //!
+//! A third way, **usage** (`run_usage`), makes each request one call that spends units known
+//! only afterwards, reserve-then-settle or Envoy's check-then-report, and reports what the
+//! admitted calls spent against a budget.
+//!
 //! `{n}` in a URL, header, body or descriptor value is replaced by the request's key number,
 //! `sequence % keys`, so one run can hit one hot key or spread over many.
 //!
@@ -26,6 +30,7 @@ mod grpc;
 mod http;
 mod report;
 mod upstream;
+mod usage;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +42,7 @@ pub use grpc::GrpcTarget;
 pub use http::{HttpTarget, Version};
 pub use report::{Latency, Report};
 pub use upstream::{TrivialUpstream, serve_trivial_upstream};
+pub use usage::{Flow, Usage, UsageReport, UsageTarget, run_usage};
 
 /// How much load to offer, and for how long.
 #[derive(Debug, Clone)]

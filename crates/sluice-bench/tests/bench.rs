@@ -192,3 +192,84 @@ async fn an_unreachable_target_is_named() {
         other => panic!("expected a connect error, got {other:?}"),
     }
 }
+
+const BUDGET: u64 = 10_000;
+
+const USAGE_RULES: &str = r#"
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 10000, algorithm: fixed_window}
+"#;
+
+/// Usage calls of 50 to 500 units (500 declared) by 40 callers against a budget of 10,000 an
+/// hour, more calls than the budget holds, so every run ends refused.
+async fn usage_run(server: &Server, flow: bench::Flow, tenant: &str) -> bench::UsageReport {
+    let usage = bench::Usage {
+        flow,
+        declared: 500,
+        used_min: 50,
+        used_max: 500,
+        seed: 3,
+        ttl: Some("2m".into()),
+        budget: Some(BUDGET),
+    };
+    let target = bench::UsageTarget::new(
+        &[format!("http://{}", server.http_addr())],
+        "llm",
+        &[format!("tenant={tenant}")],
+        usage,
+    )
+    .unwrap();
+    bench::run_usage(target, counted(150, 1, 40)).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_calls_stay_within_the_budget_with_reservations_and_add_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, USAGE_RULES).unwrap();
+    let mut options = ServeOptions::new(vec![rules]);
+    options.http_addr = "127.0.0.1:0".parse().unwrap();
+    options.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    // Midnight UTC on a clock that stands still: the hour's window holds the whole run.
+    let clock = FakeClock::at(Timestamp::from_secs(20_000 * 86_400));
+    let store = Arc::new(MemoryStore::builder().clock(clock).build());
+    let server = Server::start_with_store(options, store).await.unwrap();
+
+    let r = usage_run(&server, bench::Flow::Reserve, "reserve").await;
+    assert_eq!(r.run.error_count(), 0, "{r}");
+    assert_eq!((r.run.requests, r.calls_admitted), (150, r.run.allowed));
+    assert!(
+        r.run.limited > 0,
+        "150 calls of 50 or more exhaust 10,000: {r}"
+    );
+    assert!(r.tokens_used <= BUDGET, "reservations never overspend: {r}");
+    assert_eq!(r.beyond_budget, Some(0));
+    assert!(r.tokens_used >= r.calls_admitted * 50 && r.tokens_used <= r.calls_admitted * 500);
+    assert_eq!(r.tokens_reserved, r.calls_admitted * 500);
+    // Every unit reserved and not used came back, and nothing was charged past a reservation.
+    assert_eq!(r.refunded, r.refunds_expected, "{r}");
+    assert_eq!(r.refunds_expected, r.tokens_reserved - r.tokens_used);
+    assert_eq!(r.charged, 0);
+
+    let r = usage_run(&server, bench::Flow::Report, "report").await;
+    assert_eq!(r.run.error_count(), 0, "{r}");
+    assert_eq!((r.run.requests, r.calls_admitted), (150, r.run.allowed));
+    assert!(r.run.limited > 0, "{r}");
+    // A check is refused only once the reports reached the budget, so the admitted calls
+    // spent at least all of it; how far beyond depends on how many checks were in flight.
+    assert!(r.tokens_used >= BUDGET, "{r}");
+    assert_eq!(r.beyond_budget, Some(r.tokens_used - BUDGET));
+    assert!(r.tokens_used >= r.calls_admitted * 50 && r.tokens_used <= r.calls_admitted * 500);
+    assert_eq!((r.tokens_reserved, r.refunded, r.charged), (0, 0, 0));
+    let shown = r.to_string();
+    assert!(
+        shown.contains("check-then-report") && shown.contains("beyond it"),
+        "{shown}"
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["flow"], "report");
+    assert_eq!(json["allowed"], json["calls_admitted"]);
+    server.shutdown().await;
+}

@@ -18,6 +18,10 @@ pub(crate) enum BenchTarget {
     Http(BenchHttpArgs),
     /// Load Envoy's rate-limit gRPC service (`ShouldRateLimit`).
     Grpc(BenchGrpcArgs),
+    /// Usage calls against a budget: each request is one call spending a random number of units,
+    /// admitted by reserve-then-settle (`/v1/reserve`, `/v1/settle`) or by Envoy's
+    /// check-then-report (`/json` with `hits_addend` 0, then the units used).
+    Usage(BenchUsageArgs),
     /// Serve a trivial `200 ok` to everything: the baseline other runs are compared with.
     Upstream {
         /// Where to listen.
@@ -83,6 +87,51 @@ pub(crate) struct BenchGrpcArgs {
     load: LoadArgs,
 }
 
+/// How a usage call is admitted, as the command line names it.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum FlowArg {
+    /// Reserve the declared maximum, then settle with what was used.
+    Reserve,
+    /// Check with `hits_addend` 0 on `/json`, then report what was used (Envoy's flow).
+    Report,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchUsageArgs {
+    /// The service's HTTP URL, `http://host:port`; several instances sharing a store take the
+    /// calls round robin (worker by worker).
+    #[arg(required = true)]
+    urls: Vec<String>,
+    /// How each call is admitted and charged.
+    #[arg(long, value_enum, default_value = "reserve")]
+    flow: FlowArg,
+    /// The rate-limit domain.
+    #[arg(long)]
+    domain: String,
+    #[arg(long = "descriptor", required = true, help = concat!("A descriptor, `key=value,key=value` (repeatable); ", key_placeholder!(), " becomes the key number"))]
+    descriptors: Vec<String>,
+    /// The most a call may use: the amount a reservation takes.
+    #[arg(long, default_value_t = 500)]
+    declared: u64,
+    /// The fewest units a call uses.
+    #[arg(long, default_value_t = 50)]
+    used_min: u64,
+    /// The most units a call uses; each call's usage is uniform between the two.
+    #[arg(long, default_value_t = 500)]
+    used_max: u64,
+    /// Seeds the usage amounts: the same seed spends alike.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The reservations' ttl, e.g. `2m` (default: the server's).
+    #[arg(long)]
+    ttl: Option<String>,
+    /// The budget the run is measured against: the report adds what was admitted beyond it.
+    #[arg(long)]
+    budget: Option<u64>,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct LoadArgs {
     /// Requests per second offered in all (open loop). Without it, every worker sends its next
@@ -137,6 +186,7 @@ pub(crate) fn run(target: BenchTarget) -> anyhow::Result<()> {
     let threads = match &target {
         BenchTarget::Http(a) => a.load.threads,
         BenchTarget::Grpc(a) => a.load.threads,
+        BenchTarget::Usage(a) => a.load.threads,
         BenchTarget::Upstream { .. } => 1,
     };
     let runtime = match threads {
@@ -190,6 +240,7 @@ pub(crate) fn run(target: BenchTarget) -> anyhow::Result<()> {
                 )?;
                 (bench::run_grpc(target, a.load.load()).await?, a.load.json)
             }
+            BenchTarget::Usage(a) => return usage(a).await,
         };
         if json {
             println!("{}", serde_json::to_string_pretty(&report)?);
@@ -201,4 +252,31 @@ pub(crate) fn run(target: BenchTarget) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+async fn usage(a: BenchUsageArgs) -> anyhow::Result<()> {
+    let flow = match a.flow {
+        FlowArg::Reserve => bench::Flow::Reserve,
+        FlowArg::Report => bench::Flow::Report,
+    };
+    let usage = bench::Usage {
+        flow,
+        declared: a.declared,
+        used_min: a.used_min,
+        used_max: a.used_max,
+        seed: a.seed,
+        ttl: a.ttl,
+        budget: a.budget,
+    };
+    let target = bench::UsageTarget::new(&a.urls, &a.domain, &a.descriptors, usage)?;
+    let report = bench::run_usage(target, a.load.load()).await?;
+    if a.load.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    if report.run.allowed + report.run.limited == 0 {
+        anyhow::bail!("no call was answered ({} failed)", report.run.error_count());
+    }
+    Ok(())
 }
