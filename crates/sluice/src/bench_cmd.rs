@@ -108,7 +108,7 @@ pub(crate) struct BenchUsageArgs {
     /// The rate-limit domain.
     #[arg(long)]
     domain: String,
-    #[arg(long = "descriptor", required = true, help = concat!("A descriptor, `key=value,key=value` (repeatable); ", key_placeholder!(), " becomes the key number"))]
+    #[arg(long = "descriptor", required = true, help = key_help("A descriptor, `key=value,key=value` (repeatable); ", " becomes the key number"))]
     descriptors: Vec<String>,
     /// The most a call may use: the amount a reservation takes.
     #[arg(long, default_value_t = 500)]
