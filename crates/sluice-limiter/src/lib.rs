@@ -64,7 +64,7 @@ mod store_telemetry;
 mod verdict;
 
 pub use headers::{HeaderStyle, retry_after_secs};
-pub use limiter::{InvalidReservation, Limiter, ReservationTtls, Reserved};
+pub use limiter::{InvalidReservation, Limiter, ReservationTtls, Reserved, SettleRefused, Settled};
 pub use metrics::{
     MAX_DECISION_SERIES, MAX_LABEL_VALUE_BYTES, Metrics, OVERFLOW_RULE, Outcome, Snapshot,
 };

@@ -16,7 +16,7 @@ mod refund;
 mod reserve;
 mod rule_counters;
 
-pub use reserve::{InvalidReservation, ReservationTtls, Reserved};
+pub use reserve::{InvalidReservation, ReservationTtls, Reserved, SettleRefused, Settled};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};

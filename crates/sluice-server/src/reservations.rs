@@ -10,9 +10,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::{Decision, ReservationId, Settlement};
+use sluice_core::Decision;
 use sluice_limiter::limits::MAX_BODY;
-use sluice_limiter::{InvalidReservation, LimitRequest, LimitResult, Limiter, RequestDescriptor};
+use sluice_limiter::{
+    InvalidReservation, LimitRequest, LimitResult, Limiter, RequestDescriptor, SettleRefused,
+};
 use tonic::{Request, Response, Status};
 
 use crate::sluice_v1::reservations_server::{Reservations, ReservationsServer};
@@ -91,43 +93,28 @@ impl Reservations for ReservationsService {
         request: Request<SettleRequest>,
     ) -> Result<Response<SettleResponse>, Status> {
         let SettleRequest { reservation, used } = request.into_inner();
-        if used > u64::from(u32::MAX) {
-            return Err(Status::invalid_argument(format!(
-                "`used` is {used}; send the units used, a whole number from 0 to {}",
-                u32::MAX
-            )));
-        }
-        // A garbled id names no reservation, as an unknown one does.
-        let Ok(id) = reservation.parse::<ReservationId>() else {
-            return Err(unknown(&reservation));
-        };
-        let settled = self.limiter.settle(&id, used).await.map_err(|e| {
-            if e.is_transient() {
-                Status::unavailable(format!("the store failed; retry the settle: {e}"))
-            } else {
-                Status::unimplemented(e.to_string())
-            }
-        })?;
-        match settled {
-            Settlement::Settled {
-                reserved,
-                refunded,
-                charged,
-            } => Ok(Response::new(SettleResponse {
-                reserved,
-                used,
-                refunded,
-                charged,
-            })),
-            Settlement::AlreadySettled => Err(Status::failed_precondition(
-                "this reservation was settled before; this settle refunded and charged nothing",
-            )),
-            Settlement::Expired => Err(Status::failed_precondition(
-                "this reservation's ttl ran out before it was settled: it counted as used in \
-                 full, and nothing was refunded",
-            )),
-            Settlement::Unknown => Err(unknown(&reservation)),
-        }
+        let settled = self
+            .limiter
+            .settle_named(&reservation, used)
+            .await
+            .map_err(|refused| {
+                let message = refused.to_string();
+                match refused {
+                    SettleRefused::UsedTooLarge(_) => Status::invalid_argument(message),
+                    SettleRefused::Unknown(_) => Status::not_found(message),
+                    SettleRefused::AlreadySettled | SettleRefused::Expired => {
+                        Status::failed_precondition(message)
+                    }
+                    SettleRefused::StoreFailed(_) => Status::unavailable(message),
+                    SettleRefused::Unsupported(_) => Status::unimplemented(message),
+                }
+            })?;
+        Ok(Response::new(SettleResponse {
+            reserved: settled.reserved,
+            used: settled.used,
+            refunded: settled.refunded,
+            charged: settled.charged,
+        }))
     }
 }
 
@@ -175,13 +162,4 @@ fn duration(d: Duration) -> prost_types::Duration {
         seconds: 315_576_000_000,
         nanos: 999_999_999,
     })
-}
-
-/// The answer to a settle of an id the store does not hold.
-fn unknown(reservation: &str) -> Status {
-    let shown: String = reservation.chars().take(64).collect();
-    Status::not_found(format!(
-        "no reservation `{shown}` on this store: it was never made here, or was forgotten twice \
-         its ttl after it was made"
-    ))
 }

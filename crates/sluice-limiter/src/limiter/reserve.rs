@@ -179,6 +179,85 @@ impl Limiter {
     pub async fn settle(&self, id: &ReservationId, used: u64) -> Result<Settlement, StoreError> {
         self.store.settle(id, used).await
     }
+
+    /// Settles the reservation a client names, `reservation` as sent, at `used` units: the
+    /// settle of every front end, so that each refuses the same settles with the same words
+    /// and only maps them to its own status codes.
+    pub async fn settle_named(
+        &self,
+        reservation: &str,
+        used: u64,
+    ) -> Result<Settled, SettleRefused> {
+        if used > u64::from(u32::MAX) {
+            return Err(SettleRefused::UsedTooLarge(used));
+        }
+        // A garbled id names no reservation, as an unknown one does.
+        let unknown = || SettleRefused::Unknown(reservation.chars().take(64).collect());
+        let id = reservation
+            .parse::<ReservationId>()
+            .map_err(|_| unknown())?;
+        match self.settle(&id, used).await {
+            Ok(Settlement::Settled {
+                reserved,
+                refunded,
+                charged,
+            }) => Ok(Settled {
+                reserved,
+                used,
+                refunded,
+                charged,
+            }),
+            Ok(Settlement::AlreadySettled) => Err(SettleRefused::AlreadySettled),
+            Ok(Settlement::Expired) => Err(SettleRefused::Expired),
+            Ok(Settlement::Unknown) => Err(unknown()),
+            Err(e) if e.is_transient() => Err(SettleRefused::StoreFailed(e)),
+            Err(e) => Err(SettleRefused::Unsupported(e)),
+        }
+    }
+}
+
+/// A settle that changed the counters: what each limit the reservation took from got back, or
+/// was charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// The units the reservation took from each limit.
+    pub reserved: u64,
+    /// The units used, as the settle said.
+    pub used: u64,
+    /// The units given back to each limit: reserved minus used.
+    pub refunded: u64,
+    /// The units charged to each limit beyond the reservation.
+    pub charged: u64,
+}
+
+/// Why a settle changed nothing, in the words every front end answers with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettleRefused {
+    /// `used` is above the largest amount.
+    #[error("`used` is {0}; send the units used, a whole number from 0 to {max}", max = u32::MAX)]
+    UsedTooLarge(u64),
+    /// No such reservation on this store; the id as sent, cut to 64 characters.
+    #[error(
+        "no reservation `{0}` on this store: it was never made here, or was forgotten twice its \
+         ttl after it was made"
+    )]
+    Unknown(String),
+    /// Settled before.
+    #[error("this reservation was settled before; this settle refunded and charged nothing")]
+    AlreadySettled,
+    /// Its ttl ran out first.
+    #[error(
+        "this reservation's ttl ran out before it was settled: it counted as used in full, and \
+         nothing was refunded"
+    )]
+    Expired,
+    /// The store failed; the settle may be retried (a `AlreadySettled` then means the first
+    /// attempt settled it).
+    #[error("the store failed; retry the settle: {0}")]
+    StoreFailed(StoreError),
+    /// The store holds no reservations.
+    #[error("{0}")]
+    Unsupported(StoreError),
 }
 
 /// The limiter's field of reservation ttls, set at start-up and read per reservation.

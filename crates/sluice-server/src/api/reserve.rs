@@ -8,10 +8,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use sluice_core::{ReservationId, Settlement};
 use sluice_http::admin::secs;
 use sluice_http::problem::Problem;
-use sluice_limiter::InvalidReservation;
+use sluice_limiter::{InvalidReservation, SettleRefused};
 
 use super::check::verdict_json;
 use super::json_request::JsonRequest;
@@ -94,69 +93,42 @@ pub(super) async fn settle(state: &ApiState, body: impl ApiBody) -> Result<Respo
     let bytes = collect_body(body).await?;
     let text = body_text(&bytes)?;
     let SettleBody { reservation, used } = parse_json(text)?;
-    let used = whole_number(&used)
-        .filter(|u| *u <= u64::from(u32::MAX))
-        .ok_or_else(|| {
-            Problem::bad_request(format!(
-                "`used` is {used}; send the units used, a whole number from 0 to {}",
-                u32::MAX
-            ))
-            .with_field("used")
-        })?;
-    // A garbled id names no reservation, as an unknown one does.
-    let Ok(id) = reservation.parse::<ReservationId>() else {
-        return Err(unknown(&reservation));
-    };
-    let settled = state.limiter.settle(&id, used).await.map_err(|e| {
-        if e.is_transient() {
-            Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the store failed; retry the settle: {e}"),
-            )
-        } else {
-            Problem::new(StatusCode::NOT_IMPLEMENTED, e.to_string())
-        }
+    // Anything but a whole number; one too large is refused below, in the limiter's words.
+    let used = whole_number(&used).ok_or_else(|| {
+        Problem::bad_request(format!(
+            "`used` is {used}; send the units used, a whole number from 0 to {}",
+            u32::MAX
+        ))
+        .with_field("used")
     })?;
-    match settled {
-        Settlement::Settled {
-            reserved,
-            refunded,
-            charged,
-        } => Ok(axum::Json(json!({
-            "reservation": reservation,
-            "settled": true,
-            "reserved": reserved,
-            "used": used,
-            "refunded": refunded,
-            "charged": charged,
-        }))
-        .into_response()),
-        Settlement::AlreadySettled => Err(Problem::new(
-            StatusCode::CONFLICT,
-            "this reservation was settled before; this settle refunded and charged nothing",
-        )
-        .with_field("reservation")),
-        Settlement::Expired => Err(Problem::new(
-            StatusCode::GONE,
-            "this reservation's ttl ran out before it was settled: it counted as used in full, \
-             and nothing was refunded",
-        )
-        .with_field("reservation")),
-        Settlement::Unknown => Err(unknown(&reservation)),
-    }
-}
-
-/// The answer to a settle of an id the store does not hold.
-fn unknown(reservation: &str) -> Problem {
-    let shown: String = reservation.chars().take(64).collect();
-    Problem::new(
-        StatusCode::NOT_FOUND,
-        format!(
-            "no reservation `{shown}` on this store: it was never made here, or was forgotten \
-             twice its ttl after it was made"
-        ),
-    )
-    .with_field("reservation")
+    let settled = state
+        .limiter
+        .settle_named(&reservation, used)
+        .await
+        .map_err(|refused| {
+            let (status, field) = match &refused {
+                SettleRefused::UsedTooLarge(_) => (StatusCode::BAD_REQUEST, Some("used")),
+                SettleRefused::Unknown(_) => (StatusCode::NOT_FOUND, Some("reservation")),
+                SettleRefused::AlreadySettled => (StatusCode::CONFLICT, Some("reservation")),
+                SettleRefused::Expired => (StatusCode::GONE, Some("reservation")),
+                SettleRefused::StoreFailed(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
+                SettleRefused::Unsupported(_) => (StatusCode::NOT_IMPLEMENTED, None),
+            };
+            let problem = Problem::new(status, refused.to_string());
+            match field {
+                Some(f) => problem.with_field(f),
+                None => problem,
+            }
+        })?;
+    Ok(axum::Json(json!({
+        "reservation": reservation,
+        "settled": true,
+        "reserved": settled.reserved,
+        "used": settled.used,
+        "refunded": settled.refunded,
+        "charged": settled.charged,
+    }))
+    .into_response())
 }
 
 /// `amount`: required, a whole number; [`sluice_limiter::Limiter::reserve`] checks its range.
