@@ -37,15 +37,25 @@ pub(crate) struct Claim {
 /// Every live reservation of one store, up to a bound.
 #[derive(Debug)]
 pub(crate) struct Reservations {
-    records: Mutex<HashMap<u128, Record>>,
+    records: Mutex<Records>,
     max: usize,
+}
+
+/// The records, and when the first of them can be forgotten once the bound is reached.
+#[derive(Debug, Default)]
+struct Records {
+    by_id: HashMap<u128, Record>,
+    /// When a sweep that freed nothing saw the bound reached, the earliest `forget_at` left:
+    /// until then another sweep cannot free anything, so a full registry refuses without
+    /// scanning every record again for each request.
+    nothing_to_forget_before: Timestamp,
 }
 
 impl Reservations {
     /// At most `max` reservations remembered at once.
     pub(crate) fn new(max: usize) -> Self {
         Reservations {
-            records: Mutex::new(HashMap::new()),
+            records: Mutex::new(Records::default()),
             max: max.max(1),
         }
     }
@@ -55,14 +65,24 @@ impl Reservations {
     /// rather than consuming units nobody could give back.
     pub(crate) fn make_room(&self, now: Timestamp) -> StoreResult<()> {
         let mut records = lock(&self.records);
-        if records.len() < self.max {
+        let full = Err(StoreError::Full { max_keys: self.max });
+        if records.by_id.len() < self.max {
             return Ok(());
         }
-        records.retain(|_, r| r.forget_at > now);
-        if records.len() < self.max {
+        if now < records.nothing_to_forget_before {
+            return full;
+        }
+        records.by_id.retain(|_, r| r.forget_at > now);
+        if records.by_id.len() < self.max {
             return Ok(());
         }
-        Err(StoreError::Full { max_keys: self.max })
+        records.nothing_to_forget_before = records
+            .by_id
+            .values()
+            .map(|r| r.forget_at)
+            .min()
+            .unwrap_or(now);
+        full
     }
 
     /// Records a reservation whose checks consumed at `now`. It is remembered, settled or not,
@@ -82,13 +102,13 @@ impl Reservations {
             forget_at: expires.saturating_add(ttl),
             settled: false,
         };
-        lock(&self.records).insert(id.as_u128(), record);
+        lock(&self.records).by_id.insert(id.as_u128(), record);
     }
 
     /// Claims the reservation `id` for a settle at `now`: only the first settle of a live
     /// reservation gets its holds; every other is told why not.
     pub(crate) fn claim(&self, id: ReservationId, now: Timestamp) -> Result<Claim, Settlement> {
-        let mut records = lock(&self.records);
+        let records = &mut lock(&self.records).by_id;
         let Some(record) = records.get_mut(&id.as_u128()) else {
             return Err(Settlement::Unknown);
         };
@@ -111,7 +131,7 @@ impl Reservations {
 
     /// Drops every record forgotten by `now`; returns how many.
     pub(crate) fn sweep(&self, now: Timestamp) -> usize {
-        let mut records = lock(&self.records);
+        let records = &mut lock(&self.records).by_id;
         let before = records.len();
         records.retain(|_, r| r.forget_at > now);
         before - records.len()
@@ -119,11 +139,41 @@ impl Reservations {
 
     /// How many reservations are remembered, settled and expired ones included.
     pub(crate) fn len(&self) -> usize {
-        lock(&self.records).len()
+        lock(&self.records).by_id.len()
     }
 }
 
 /// Locks the records. Every update is one map operation, so a poisoned lock is still consistent.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold() -> Box<[Hold]> {
+        Box::new([])
+    }
+
+    #[test]
+    fn a_full_registry_refuses_until_a_record_can_be_forgotten() {
+        let ttl = Duration::from_secs(10);
+        let start = Timestamp::from_secs(1_000);
+        let registry = Reservations::new(2);
+        for id in 0..2 {
+            registry.make_room(start).unwrap();
+            registry.insert(ReservationId::from_u128(id), hold(), start, ttl);
+        }
+        let refused = registry.make_room(start.saturating_add(Duration::from_secs(5)));
+        assert_eq!(refused, Err(StoreError::Full { max_keys: 2 }));
+        // Still full just before the first record is forgotten (twice its ttl), and not after.
+        let before = start.saturating_add(Duration::from_secs(19));
+        assert!(registry.make_room(before).is_err());
+        assert_eq!(registry.len(), 2);
+        registry
+            .make_room(start.saturating_add(Duration::from_secs(20)))
+            .unwrap();
+        assert_eq!(registry.len(), 0, "both forgotten at once");
+    }
 }
