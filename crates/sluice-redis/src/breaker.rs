@@ -6,6 +6,9 @@
 //! let through as a probe (half-open). The probe's success closes the breaker, its failure opens
 //! it for another cool-down. Denials are not failures, and neither are permanent refusals
 //! (`StoreError::Rejected`): only the store's health counts.
+//!
+//! A store on one server (or behind Sentinel) has one breaker. On a Cluster each master has its
+//! own (`masters.rs`), so that a master that is down fails only the calls on its own slots.
 
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -93,6 +96,17 @@ impl Breaker {
         }
     }
 
+    /// Gives back a permit that was not used: a request that needs several masters and was
+    /// refused by one of them sends nothing to the others. A probe given back leaves the breaker
+    /// open with its cool-down over, so that the next caller probes.
+    pub(crate) fn release(&self, permit: Permit) {
+        if permit == Permit::Probe {
+            let _ =
+                self.state
+                    .compare_exchange(HALF_OPEN, OPEN, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
     /// Records a call that failed for a transient reason.
     pub(crate) fn failure(&self, permit: Permit) {
         if permit == Permit::Probe {
@@ -169,6 +183,24 @@ mod tests {
         }
         assert_eq!(b.state(), BreakerState::Open);
         assert_eq!(b.short_circuited(), 10);
+    }
+
+    #[test]
+    fn a_probe_given_back_lets_the_next_caller_probe() {
+        let b = Breaker::new(1, Duration::ZERO);
+        b.failure(b.admit().unwrap());
+        let probe = b.admit().unwrap();
+        assert_eq!(probe, Permit::Probe);
+        assert_eq!(b.admit(), None);
+        b.release(probe);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.admit(), Some(Permit::Probe));
+        b.release(Permit::Call);
+        assert_eq!(
+            b.state(),
+            BreakerState::HalfOpen,
+            "an ordinary call changes nothing"
+        );
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //!
 //! - standalone: one `ConnectionManager`, which reconnects by itself after a failure;
 //! - Cluster: one `ClusterConnection`, one multiplexed connection per master, following
-//!   `MOVED` and `ASK` redirections and slot-map changes;
+//!   `MOVED` and `ASK` redirections and slot-map changes; beside it, the store's own map of the
+//!   masters ([`Masters`]), with a connection of its own to each, over which a request's script
+//!   calls go as one pipeline per master;
 //! - Sentinel: the master the Sentinels name, behind a `ConnectionManager`; after a failure the
 //!   next call asks the Sentinels again, so a failover moves the store to the new master.
 //!
@@ -36,6 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::RedisOptions;
+use crate::masters::Masters;
 use crate::scripts::Script;
 use crate::url::{RedisUrl, Topology};
 
@@ -43,9 +46,11 @@ use crate::url::{RedisUrl, Topology};
 #[derive(Clone)]
 pub(crate) struct Connection {
     link: Link,
-    /// Where script calls queue for a batch task; `None` on a Cluster, whose calls go to the
-    /// master of their slot one by one.
+    /// Where script calls queue for a batch task; `None` on a Cluster, whose calls are grouped
+    /// by master instead.
     batches: Option<Arc<Batches>>,
+    /// On a Cluster: which master serves each slot, with a connection and a breaker for each.
+    masters: Option<Arc<Masters>>,
 }
 
 /// The batch tasks of one connection: one on the runtime that connected, and one on each
@@ -115,6 +120,12 @@ impl Connection {
     /// Connects to the servers `url` names, and off a Cluster starts the batch task.
     pub(crate) async fn connect(url: &RedisUrl, options: &RedisOptions) -> RedisResult<Self> {
         let link = Link::connect(url, options).await?;
+        let masters = match &link {
+            Link::Cluster(cluster) => {
+                Some(Masters::load(cluster.clone(), url.clone(), options.clone()).await)
+            }
+            Link::Standalone(_) | Link::Sentinel(_) => None,
+        };
         let batches = match link {
             Link::Cluster(_) => None,
             Link::Standalone(_) | Link::Sentinel(_) => {
@@ -130,7 +141,16 @@ impl Connection {
                 }))
             }
         };
-        Ok(Connection { link, batches })
+        Ok(Connection {
+            link,
+            batches,
+            masters,
+        })
+    }
+
+    /// On a Cluster, its masters as this store routes to them.
+    pub(crate) fn masters(&self) -> Option<&Arc<Masters>> {
+        self.masters.as_ref()
     }
 
     /// Sends one command, routed by its first key on a Cluster.
@@ -152,19 +172,7 @@ impl Connection {
         args: &[A],
         deadline: Instant,
     ) -> RedisResult<Value> {
-        // Sized up front, so that adding the arguments never grows the command's buffers.
-        let bytes = script.sha.len()
-            + 20
-            + keys.iter().map(String::len).sum::<usize>()
-            + args.iter().map(|a| a.as_ref().len()).sum::<usize>();
-        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
-        cmd.arg("EVALSHA")
-            .arg(&script.sha)
-            .arg(keys.len())
-            .arg(keys);
-        for a in args {
-            cmd.arg(a.as_ref());
-        }
+        let cmd = eval_sha_cmd(script, keys, args);
         let Some(batches) = &self.batches else {
             return self.link.eval_sha_by(&cmd, script, deadline).await;
         };
@@ -180,6 +188,28 @@ impl Connection {
         }
         answer.await.unwrap_or_else(|_| Err(batch_task_gone()))
     }
+}
+
+/// `EVALSHA sha numkeys keys… args…` for `script`.
+pub(crate) fn eval_sha_cmd<A: AsRef<[u8]>>(
+    script: &'static Script,
+    keys: &[String],
+    args: &[A],
+) -> Cmd {
+    // Sized up front, so that adding the arguments never grows the command's buffers.
+    let bytes = script.sha.len()
+        + 20
+        + keys.iter().map(String::len).sum::<usize>()
+        + args.iter().map(|a| a.as_ref().len()).sum::<usize>();
+    let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
+    cmd.arg("EVALSHA")
+        .arg(&script.sha)
+        .arg(keys.len())
+        .arg(keys);
+    for a in args {
+        cmd.arg(a.as_ref());
+    }
+    cmd
 }
 
 impl Batches {
@@ -367,12 +397,12 @@ async fn send_batch(
     results
 }
 
-fn is_no_script(e: &RedisError) -> bool {
+pub(crate) fn is_no_script(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// `cmd`, an `EVALSHA`, as the `EVAL` of `script` with the same keys and arguments.
-fn with_body(cmd: &Cmd, script: &Script) -> Cmd {
+pub(crate) fn with_body(cmd: &Cmd, script: &Script) -> Cmd {
     let mut eval = redis::cmd("EVAL");
     eval.arg(&script.body);
     for arg in cmd.args_iter().skip(2) {
@@ -399,14 +429,7 @@ impl Link {
         }
         match &url.topology {
             Topology::Standalone { host } => {
-                let info = connection_info(url, host)?;
-                let client = if url.tls {
-                    redis::Client::build_with_tls(info, certs())?
-                } else {
-                    redis::Client::open(info)?
-                };
-                let manager = ConnectionManager::new_with_config(client, config).await?;
-                Ok(Link::Standalone(manager))
+                Ok(Link::Standalone(open_manager(url, host, options).await?))
             }
             Topology::Cluster { nodes } => {
                 let infos = nodes
@@ -526,6 +549,30 @@ impl SentinelConnection {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone())
     }
+}
+
+/// A `ConnectionManager` to one server, `host`, with the credentials, database and TLS of
+/// `url`: the server of a standalone URL, or one master of a Cluster.
+pub(crate) async fn open_manager(
+    url: &RedisUrl,
+    host: &(String, u16),
+    options: &RedisOptions,
+) -> RedisResult<ConnectionManager> {
+    let info = connection_info(url, host)?;
+    let client = if url.tls {
+        // See `Link::connect`: an error means a provider is installed already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: options.tls_root_cert.clone(),
+            },
+        )?
+    } else {
+        redis::Client::open(info)?
+    };
+    ConnectionManager::new_with_config(client, manager_config(options.connect_timeout)).await
 }
 
 /// The client's connection info for one host of `url`.

@@ -20,12 +20,22 @@ impl RedisStore {
             whole_millis(ttl).to_string(),
         ];
         let conn = self.connection();
-        match self
-            .guarded_by(self.call_timeout(), |deadline| {
-                conn.eval(&scripts::HEARTBEAT, &key, &args, deadline)
-            })
-            .await?
-        {
+        let answer = match conn.masters() {
+            Some(masters) => {
+                let call = [(&key[..], args.as_slice())];
+                let mut results = self
+                    .eval_by_master(masters, &scripts::HEARTBEAT, &call, self.call_timeout())
+                    .await;
+                results.pop().unwrap_or(Ok(Value::Nil))?
+            }
+            None => {
+                self.guarded_by(self.call_timeout(), |deadline| {
+                    conn.eval(&scripts::HEARTBEAT, &key, &args, deadline)
+                })
+                .await?
+            }
+        };
+        match answer {
             Value::Int(n) => Ok(u64::try_from(n).unwrap_or(1).max(1)),
             other => Err(StoreError::Rejected(format!(
                 "the heartbeat script answered {other:?}"

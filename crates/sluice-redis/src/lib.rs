@@ -37,6 +37,7 @@ mod error;
 pub mod fuzzing;
 mod heartbeat;
 mod keys;
+mod masters;
 mod options;
 mod scripts;
 mod store;
@@ -46,6 +47,7 @@ mod url;
 
 pub use error::ConnectError;
 pub use keys::slot;
+pub use masters::MasterHealth;
 pub use options::RedisOptions;
 pub use redis::Value;
 pub use scripts::Script;

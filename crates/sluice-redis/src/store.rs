@@ -17,23 +17,26 @@ use sluice_core::{
 use crate::breaker::{Breaker, Permit};
 use crate::connection::{Connection, is_transient};
 use crate::keys::{counter_key, counter_key_with, escape, slot};
+use crate::masters::Master;
 use crate::scripts;
 use crate::scripts::args::{ARGS_PER_CHECK, app_now, push_check};
 use crate::scripts::exact::check_exact;
 use crate::scripts::reply::{Reply, decode_replies};
 use crate::url::{RedisUrl, Topology};
-use crate::{ConnectError, RedisOptions};
+use crate::{ConnectError, MasterHealth, RedisOptions};
 
+mod master_calls;
 mod reservations;
 
 /// Counters in Redis, shared exactly by every instance that uses the same Redis and prefix.
 ///
 /// Each [`Store::check`] is one atomic Lua script per Cluster slot that its keys fall in (on
-/// standalone and Sentinel, one script in all), deciding on Redis `TIME`. Cheap to clone: clones
-/// share connections, breaker and statistics.
+/// standalone and Sentinel, one script in all), deciding on Redis `TIME`; on a Cluster the
+/// scripts of one master go as one pipeline, and the masters in parallel. Cheap to clone: clones
+/// share connections, breakers and statistics.
 ///
-/// Every call has a timeout, and a circuit breaker fails calls at once while Redis is down; see
-/// `docs/redis-store.md`.
+/// Every call has a timeout, and a circuit breaker (one per master on a Cluster) fails calls at
+/// once while Redis is down; see `docs/redis-store.md`.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -47,6 +50,9 @@ struct Inner {
     prefix: String,
     timeout: Duration,
     cool_down: Duration,
+    /// The breaker of every call off a Cluster; on one, of the calls that go through the
+    /// Cluster connection rather than to a known master (`PING`, a slot whose master the map
+    /// does not know). Each master has its own (`masters.rs`).
     breaker: Breaker,
     /// Nanoseconds added to Redis time by every script: a test and skew hook, 0 in production.
     offset: AtomicI64,
@@ -68,9 +74,11 @@ struct Inner {
 /// Counters of a store's health, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RedisStats {
-    /// The circuit breaker's state: anything but closed means Redis is considered down.
+    /// The circuit breaker's state: anything but closed means Redis is considered down. On a
+    /// Cluster, the worst of every master's breaker (open if any is open; see
+    /// [`RedisStore::masters`] for each).
     pub breaker: BreakerState,
-    /// Calls failed at once because the breaker was open.
+    /// Calls failed at once because the breaker was open (any master's, on a Cluster).
     pub short_circuited: u64,
     /// Multi-slot requests denied by one slot, whose other slots were refunded.
     pub refunds: u64,
@@ -85,7 +93,7 @@ impl fmt::Debug for RedisStore {
             .field("target", &self.inner.target)
             .field("prefix", &self.inner.prefix)
             .field("timeout", &self.inner.timeout)
-            .field("breaker", &self.inner.breaker.state())
+            .field("breaker", &self.breaker_state())
             .finish()
     }
 }
@@ -143,16 +151,41 @@ impl RedisStore {
         &scripts::CHECK.sha
     }
 
-    /// The circuit breaker's state, for `/readyz` and metrics.
+    /// The circuit breaker's state, for `/readyz` and metrics. On a Cluster, the worst of the
+    /// masters' breakers: open while any master's is open, though the keys of the others are
+    /// still decided exactly ([`RedisStore::masters`] says which).
     pub fn breaker_state(&self) -> BreakerState {
-        self.inner.breaker.state()
+        let worst = |a: BreakerState, b: BreakerState| {
+            let rank = |s| match s {
+                BreakerState::Closed => 0,
+                BreakerState::HalfOpen => 1,
+                BreakerState::Open => 2,
+            };
+            if rank(b) > rank(a) { b } else { a }
+        };
+        self.masters()
+            .iter()
+            .map(|m| m.breaker)
+            .fold(self.inner.breaker.state(), worst)
+    }
+
+    /// Each Cluster master's health: its address, its breaker, the calls its breaker failed at
+    /// once, and the round trips made to it. Empty off a Cluster, where the store's one breaker
+    /// is [`RedisStore::breaker_state`].
+    pub fn masters(&self) -> Vec<MasterHealth> {
+        self.inner
+            .conn
+            .masters()
+            .map_or_else(Vec::new, |m| m.health())
     }
 
     /// Health counters, for metrics.
     pub fn stats(&self) -> RedisStats {
+        let masters = self.masters();
         RedisStats {
-            breaker: self.inner.breaker.state(),
-            short_circuited: self.inner.breaker.short_circuited(),
+            breaker: self.breaker_state(),
+            short_circuited: self.inner.breaker.short_circuited()
+                + masters.iter().map(|m| m.short_circuited).sum::<u64>(),
             refunds: self.inner.refunds.load(Ordering::Relaxed),
             refund_failures: self.inner.refund_failures.load(Ordering::Relaxed),
         }
@@ -281,14 +314,25 @@ impl RedisStore {
         &self,
         call: impl Future<Output = RedisResult<T>>,
     ) -> StoreResult<T> {
+        self.guarded_on(None, call).await
+    }
+
+    /// [`RedisStore::guarded`] through the breaker of `master` (on a Cluster, the master of the
+    /// key the call is about), or the store's for `None`.
+    pub(crate) async fn guarded_on<T>(
+        &self,
+        master: Option<&Arc<Master>>,
+        call: impl Future<Output = RedisResult<T>>,
+    ) -> StoreResult<T> {
         let inner = &self.inner;
-        let Some(permit) = inner.breaker.admit() else {
-            return Err(self.breaker_refusal());
+        let breaker = self.breaker_of(master);
+        let Some(permit) = breaker.admit() else {
+            return Err(self.breaker_refusal_of(master));
         };
         match tokio::time::timeout(inner.timeout, call).await {
-            Ok(result) => self.settle(permit, result),
+            Ok(result) => self.settle_on(breaker, permit, result),
             Err(_) => {
-                inner.breaker.failure(permit);
+                breaker.failure(permit);
                 Err(StoreError::Timeout(inner.timeout))
             }
         }
@@ -326,7 +370,16 @@ impl RedisStore {
 
     /// Records how a call that ran went with the breaker, and turns its error into the store's.
     fn settle<T>(&self, permit: Permit, result: RedisResult<T>) -> StoreResult<T> {
-        let breaker = &self.inner.breaker;
+        self.settle_on(&self.inner.breaker, permit, result)
+    }
+
+    /// [`RedisStore::settle`] with `breaker`.
+    fn settle_on<T>(
+        &self,
+        breaker: &Breaker,
+        permit: Permit,
+        result: RedisResult<T>,
+    ) -> StoreResult<T> {
         match result {
             Ok(v) => {
                 breaker.success(permit);
@@ -420,42 +473,75 @@ impl RedisStore {
         }
         let inner = &self.inner;
         let check = self.script(&scripts::CHECK);
-        let (values, first_error) = self
-            .guarded_by(inner.timeout, |deadline| async move {
-                // The call's future goes on the heap, so that the state machines around it stay
-                // small and cheap to move; one call (every call off a Cluster) needs no join.
-                let replies = match calls.as_slice() {
-                    [(k, a)] => {
-                        vec![Box::pin(inner.conn.eval(check, k, a, deadline)).await]
+        let (values, first_error) = if let Some(masters) = inner.conn.masters() {
+            let calls: Vec<(&[String], &[String])> = calls
+                .iter()
+                .map(|(k, a)| (k.as_ref(), a.as_slice()))
+                .collect();
+            let results = self
+                .eval_by_master(masters, check, &calls, inner.timeout)
+                .await;
+            let mut first_error = None;
+            let mut values = Vec::with_capacity(results.len());
+            for result in results {
+                match result {
+                    Ok(v) => values.push(Some(v)),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        values.push(None);
                     }
-                    calls => {
-                        join_all(
-                            calls
-                                .iter()
-                                .map(|(k, a)| inner.conn.eval(check, k, a, deadline)),
-                        )
-                        .await
-                    }
-                };
-                // When every slot failed, the call failed. When only some did, the others are
-                // decoded below so that what they reserved can be given back.
-                let mut first_error = None;
-                let mut values = Vec::with_capacity(replies.len());
-                for reply in replies {
-                    match reply {
-                        Ok(v) => values.push(Some(v)),
-                        Err(e) => {
-                            first_error.get_or_insert(e);
-                            values.push(None);
+                }
+            }
+            match first_error {
+                Some(e) if values.iter().all(Option::is_none) => return Err(e),
+                first_error => (values, first_error),
+            }
+        } else {
+            let (values, first_error) = self
+                .guarded_by(inner.timeout, |deadline| async move {
+                    // The call's future goes on the heap, so that the state machines around it stay
+                    // small and cheap to move; one call (every call off a Cluster) needs no join.
+                    let replies = match calls.as_slice() {
+                        [(k, a)] => {
+                            vec![Box::pin(inner.conn.eval(check, k, a, deadline)).await]
+                        }
+                        calls => {
+                            join_all(
+                                calls
+                                    .iter()
+                                    .map(|(k, a)| inner.conn.eval(check, k, a, deadline)),
+                            )
+                            .await
+                        }
+                    };
+                    // When every slot failed, the call failed. When only some did, the others are
+                    // decoded below so that what they reserved can be given back.
+                    let mut first_error = None;
+                    let mut values = Vec::with_capacity(replies.len());
+                    for reply in replies {
+                        match reply {
+                            Ok(v) => values.push(Some(v)),
+                            Err(e) => {
+                                first_error.get_or_insert(e);
+                                values.push(None);
+                            }
                         }
                     }
+                    match first_error {
+                        Some(e) if values.iter().all(Option::is_none) => Err(e),
+                        first_error => Ok((values, first_error)),
+                    }
+                })
+                .await?;
+            let first_error = first_error.map(|e| {
+                let err = self.store_error(&e);
+                if err.is_transient() {
+                    inner.breaker.failure(Permit::Call);
                 }
-                match first_error {
-                    Some(e) if values.iter().all(Option::is_none) => Err(e),
-                    first_error => Ok((values, first_error)),
-                }
-            })
-            .await?;
+                err
+            });
+            (values, first_error)
+        };
         let mut per_group: Vec<Option<Vec<Reply>>> = Vec::with_capacity(groups.len());
         let mut decode_error = None;
         for (value, group) in values.into_iter().zip(&groups) {
@@ -479,11 +565,7 @@ impl RedisStore {
             self.refund_slots(checks, keys, &groups, &per_group, now, offset)
                 .await;
         }
-        if let Some(e) = first_error {
-            let err = self.store_error(&e);
-            if err.is_transient() {
-                inner.breaker.failure(Permit::Call);
-            }
+        if let Some(err) = first_error {
             return Err(err);
         }
         if let Some(e) = decode_error {
@@ -578,11 +660,21 @@ impl RedisStore {
         let keys = [self.key_of(key)];
         let inner = &self.inner;
         let check = self.script(&scripts::CHECK);
-        let value = self
-            .guarded_by(inner.timeout, |deadline| {
-                inner.conn.eval(check, &keys, &args, deadline)
-            })
-            .await?;
+        let value = match inner.conn.masters() {
+            Some(masters) => {
+                let call = [(&keys[..], args.as_slice())];
+                let mut results = self
+                    .eval_by_master(masters, check, &call, inner.timeout)
+                    .await;
+                results.pop().unwrap_or(Ok(redis::Value::Nil))?
+            }
+            None => {
+                self.guarded_by(inner.timeout, |deadline| {
+                    inner.conn.eval(check, &keys, &args, deadline)
+                })
+                .await?
+            }
+        };
         let mut replies = decode_replies(value, std::iter::once(policy.limit()))?;
         replies
             .pop()
