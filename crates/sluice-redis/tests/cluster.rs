@@ -1,15 +1,17 @@
-//! The Redis store on a 3-master Redis Cluster: the shared backend suite, and requests whose
-//! checks fall in different slots.
+//! The Redis store on a 3-master Redis Cluster: the shared backend suite, requests whose checks
+//! fall in different slots and on different masters, and a master that dies and comes back.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice_core::{Check, Policy, Rate, Store, TokenBucket};
+use sluice_core::{BreakerState, Check, Policy, Rate, Store, StoreError, TokenBucket};
 use sluice_redis::RedisStore;
 use sluice_redis::testing::{
-    cluster_backend, fifty_per_hour, name, offset_to_window_start, shared_cluster, test_options,
+    RedisCluster, cluster_backend, fifty_per_hour, name, offset_to_window_start, shared_cluster,
+    test_options,
 };
+use sluice_test_support::eventually_within;
 
 sluice_core::backend_suite!(cluster_backend());
 
@@ -206,4 +208,222 @@ async fn script_flush_on_every_node_under_load_causes_no_errors() {
     assert!(flusher.await.unwrap() > 0);
     assert_eq!(errors.load(Ordering::Relaxed), 0);
     assert_eq!(admitted, 4 * 50, "four keys, fifty each");
+}
+
+/// Of the three masters of `cluster` (one without replicas), the one that serves the counter
+/// `identity` of `store`.
+fn master_of(cluster: &RedisCluster, store: &RedisStore, identity: &str) -> usize {
+    let slot = store.slot_of(identity);
+    (0..3)
+        .find(|&i| master_slots(cluster, i).iter().any(|r| r.contains(&slot)))
+        .expect("a master serves every slot")
+}
+
+/// The slots of master `i` as it said the first time it was asked, so that they are known
+/// while it is down.
+fn master_slots(cluster: &RedisCluster, i: usize) -> Vec<std::ops::RangeInclusive<u16>> {
+    type Known = Vec<(u16, Vec<std::ops::RangeInclusive<u16>>)>;
+    static KNOWN: std::sync::Mutex<Known> = std::sync::Mutex::new(Vec::new());
+    let port = cluster.nodes[i].port;
+    let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, slots)) = known.iter().find(|(p, _)| *p == port) {
+        return slots.clone();
+    }
+    let slots = cluster.slots_of(i);
+    known.push((port, slots.clone()));
+    slots
+}
+
+/// `count[i]` identities starting with `base` on master `i`, each in a slot of its own.
+fn spread(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    base: &str,
+    count: [usize; 3],
+) -> Vec<String> {
+    let mut found = [0; 3];
+    let mut slots = Vec::new();
+    let mut ids = Vec::new();
+    for n in 0.. {
+        if found == count {
+            break;
+        }
+        let id = format!("{base}:{n}");
+        let (slot, master) = (store.slot_of(&id), master_of(cluster, store, &id));
+        if found[master] < count[master] && !slots.contains(&slot) {
+            found[master] += 1;
+            slots.push(slot);
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// Of node `node`, by one `INFO`: the `EVALSHA` calls it ran, and the reads it made from its
+/// clients' sockets (`total_reads_processed`).
+fn evalshas_and_reads(cluster: &RedisCluster, node: usize) -> (u64, u64) {
+    let info = cluster.nodes[node]
+        .command(&["INFO", "stats", "commandstats"])
+        .expect("INFO answers");
+    let field = |line: &str, field: &str| {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(line))
+            .and_then(|rest| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(field))
+                    .map(|v| v.trim().parse::<u64>().expect("a count"))
+            })
+            .unwrap_or(0)
+    };
+    (
+        field("cmdstat_evalsha:", "calls="),
+        field("total_reads_processed:", ""),
+    )
+}
+
+/// A request of five descriptors whose counters fall in five slots on the three masters (two,
+/// two and one) is one pipeline per master, sent together: each master reads it in one read
+/// and runs its slots' scripts, and the store counts one round trip to each.
+#[tokio::test]
+async fn a_request_on_three_masters_is_one_round_trip_per_master() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url(), test_options())
+        .await
+        .unwrap();
+    let per_master = [2, 2, 1];
+    let ids = spread(&cluster, &store, "trips", per_master);
+    let policy = Policy::from(TokenBucket::new(100, Rate::per_minute(1)).unwrap());
+    let checks: Vec<Check<'_>> = ids.iter().map(|id| Check::new(id, &policy, 1)).collect();
+    // The first request loads the script on every master, so the one measured is all EVALSHA.
+    let first = store.check(&checks).await.unwrap();
+    assert!(first.iter().all(|d| d.allowed));
+
+    let trips = |i: usize| {
+        let address = format!("127.0.0.1:{}", cluster.nodes[i].port);
+        store
+            .masters()
+            .into_iter()
+            .find(|m| m.address == address)
+            .map(|m| m.round_trips)
+            .expect("the store knows every master")
+    };
+    let before: Vec<_> = (0..3)
+        .map(|i| (trips(i), evalshas_and_reads(&cluster, i)))
+        .collect();
+    // Asking costs reads of its own (`redis-cli` connecting, asking, closing): as many as this
+    // second asking, with no request between, shows.
+    let idle: Vec<_> = (0..3).map(|i| evalshas_and_reads(&cluster, i)).collect();
+    let decisions = store.check(&checks).await.unwrap();
+    assert!(decisions.iter().all(|d| d.allowed && d.remaining == 98));
+    for (i, (trips_before, (calls_before, reads_before))) in before.into_iter().enumerate() {
+        assert_eq!(trips(i) - trips_before, 1, "round trips to master {i}");
+        let (calls, reads) = evalshas_and_reads(&cluster, i);
+        assert_eq!(
+            calls - calls_before,
+            per_master[i] as u64,
+            "one script per slot on master {i}"
+        );
+        let asking = idle[i].1 - reads_before;
+        assert_eq!(
+            reads - idle[i].1 - asking,
+            1,
+            "reads of the request on master {i}"
+        );
+    }
+}
+
+/// A master killed (SIGKILL) on a Cluster that serves the slots it still covers: the keys of the
+/// two others are decided exactly throughout, with no store error; the dead master's keys fail
+/// until its own breaker opens, then at once. A request that needs the dead master fails at once
+/// and consumes nothing on the others. Restarted, the master's breaker closes again and its keys
+/// are decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_fails_only_its_own_keys() {
+    let mut cluster = RedisCluster::start();
+    for node in &cluster.nodes {
+        node.command(&["CONFIG", "SET", "cluster-require-full-coverage", "no"])
+            .expect("CONFIG SET answers");
+    }
+    let options = test_options().breaker_cool_down(Duration::from_millis(200));
+    let store = RedisStore::connect(&cluster.url(), options).await.unwrap();
+    let policy = fifty_per_hour().remove(0); // token bucket: no window to cross
+    let on = spread(&cluster, &store, "down", [1, 1, 1]);
+    let on_master: Vec<usize> = on
+        .iter()
+        .map(|id| master_of(&cluster, &store, id))
+        .collect();
+    let (dead, healthy) = (on_master[0], [on_master[1], on_master[2]]);
+    for id in &on {
+        assert!(store.check(&[Check::new(id, &policy, 1)]).await.unwrap()[0].allowed);
+    }
+
+    cluster.nodes[dead].kill();
+    let mut failures = 0;
+    loop {
+        match store.check(&[Check::new(&on[0], &policy, 1)]).await {
+            Err(StoreError::Unavailable(m)) if m.contains("circuit breaker") => break,
+            Err(_) => failures += 1,
+            Ok(d) => panic!("a dead master decided: {d:?}"),
+        }
+        assert!(failures < 100, "the dead master's breaker never opened");
+    }
+    let dead_address = format!("127.0.0.1:{}", cluster.nodes[dead].port);
+    for m in store.masters() {
+        let open = m.address == dead_address;
+        assert_eq!(m.breaker == BreakerState::Open, open, "{m:?}");
+    }
+    assert_eq!(
+        store.breaker_state(),
+        BreakerState::Open,
+        "open while any master's is"
+    );
+
+    // The two healthy masters' keys: exact, with no error.
+    for (id, master) in on[1..].iter().zip(healthy) {
+        let mut admitted = 1;
+        for _ in 0..60 {
+            let d = store.check(&[Check::new(id, &policy, 1)]).await;
+            admitted += u32::from(d.unwrap_or_else(|e| panic!("master {master}: {e}"))[0].allowed);
+        }
+        assert_eq!(admitted, 50, "master {master}");
+    }
+    // A request that needs the dead master and a healthy one: refused at once, and the healthy
+    // one consumes nothing.
+    let fresh = spread(&cluster, &store, "fresh", {
+        let mut c = [0; 3];
+        c[healthy[0]] = 1;
+        c
+    })
+    .remove(0);
+    let both = [
+        Check::new(&fresh, &policy, 1),
+        Check::new(&on[0], &policy, 1),
+    ];
+    assert!(matches!(
+        store.check(&both).await,
+        Err(StoreError::Unavailable(_))
+    ));
+    assert_eq!(store.peek(&fresh, &policy).await.unwrap().remaining, 50);
+
+    // Back, empty: its breaker probes, closes, and its keys are decided again.
+    cluster.nodes[dead].restart();
+    let decided = eventually_within(
+        "the restarted master decides",
+        Duration::from_secs(60),
+        || {
+            let (store, id, policy) = (&store, &on[0], &policy);
+            async move { store.check(&[Check::new(id, policy, 1)]).await.ok() }
+        },
+    )
+    .await;
+    assert!(decided[0].allowed, "a restarted master starts afresh");
+    assert!(
+        store
+            .masters()
+            .iter()
+            .all(|m| m.breaker == BreakerState::Closed),
+        "{:?}",
+        store.masters()
+    );
+    assert_eq!(store.breaker_state(), BreakerState::Closed);
 }
