@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks of the built binaries with `sluice bench`, each against a baseline in the same run.
 
-    python3 scripts/bench.py [service|redis|gateway|ab|hybrid|peers|usage ...] [--runs 3] [--secs 5] [--pin]
+    python3 scripts/bench.py [service|redis|gateway|ab|hybrid|peers|usage|cluster ...] [--runs 3] [--secs 5] [--pin]
 
 - peers: every target of issue #15 against its peer, in one run, ending in the one table of
   docs/BENCHMARKS.md. Servers on CPU 0 (taskset), the generator on CPU 1, CPU per answer from
@@ -61,6 +61,12 @@
   reserve plus a settle against one `/v1/check`, on the memory store, the server on CPU 0 and
   the generator on CPU 1, 64 workers over 10,000 keys, the server's utime + stime per call from
   /proc/PID/stat, medians of per-round ratios.
+
+- cluster: issue #27's last row. `sluice serve` on a real 3-master Redis Cluster, HTTP `/json`
+  requests of 5 descriptors (each its own counter and slot) against requests of 1, at one fixed
+  rate (half the 5-descriptor closed-loop throughput): p99 and CPU per answer of the service
+  (and of the masters), medians of per-round ratios 5 / 1, against the target p99 ≤ 1.3×. With
+  --baseline-bin, another build measured the same way in the same rounds.
 
 Every server runs in its own process on loopback; the generator is one more, on one thread.
 Runs are interleaved (one of each, then again) and the medians printed as Markdown tables.
@@ -1282,12 +1288,134 @@ def usage(tmp, runs, secs):
     print(f"\nPer-round ratios: {rounds_text}.")
 
 
+# ---------------------------------------------------------------------------------------------
+# cluster: issue #27's last row, a request of 5 descriptors on a 3-master Cluster against one of 1.
+
+CLUSTER_RULES = "domain: bench\ndescriptors:\n" + "".join(
+    f"  - key: d{i}\n    rate_limit: {{unit: second, requests_per_unit: 1000000, algorithm: gcra}}\n"
+    for i in range(1, 6))
+
+
+def cluster_body(descriptors):
+    entries = ",".join('{"entries":[{"key":"d%d","value":"u{n}"}]}' % i
+                       for i in range(1, descriptors + 1))
+    return '{"domain":"bench","descriptors":[' + entries + ']}'
+
+
+def crc16(data):
+    """Redis Cluster's CRC16 (XMODEM), whose value mod 16,384 is a key's slot."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
+    return crc
+
+
+def cluster(tmp, runs, secs, baseline_bin=None):
+    """`sluice serve --store redis+cluster://` on a real 3-master Cluster (`redis-cli --cluster
+    create`, no replicas, the masters and the generator on CPU 1, the service on CPU 0): HTTP
+    `/json` requests of 5 descriptors (each its own counter, in its own slot, 10,000 keys)
+    against requests of 1, at one fixed rate, half the 5-descriptor closed-loop throughput, so
+    that p99 compares at the same load. Interleaved rounds; per build, p99 and the service's CPU
+    per answer (and the masters', summed), as medians of per-round ratios 5 / 1. With
+    --baseline-bin, the same for that build, both services alive at once, a prefix each."""
+    last = (os.cpu_count() or 1) - 1
+    own, rest = ("0", f"1-{last}" if last > 1 else "1") if last > 0 else (None, None)
+    rules = os.path.join(tmp, "cluster.yaml")
+    with open(rules, "w") as f:
+        f.write(CLUSTER_RULES)
+    log = open(os.path.join(tmp, "cluster.log"), "w")
+    nodes = []
+    for i in range(3):
+        port, bus = free_port(), free_port()
+        proc = start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-port", str(bus),
+                      "--cluster-node-timeout", "5000", "--dir", tmp,
+                      "--cluster-config-file", os.path.join(tmp, f"nodes-{port}.conf")], log, cpus=rest)
+        wait_port(port, "a cluster node")
+        nodes.append((port, proc))
+    addrs = [f"127.0.0.1:{port}" for port, _ in nodes]
+    subprocess.run(["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", "0",
+                    "--cluster-yes"], check=True, capture_output=True)
+    for port, _ in nodes:
+        for _ in range(200):
+            info = subprocess.run(["redis-cli", "-p", str(port), "CLUSTER", "INFO"],
+                                  capture_output=True, text=True).stdout
+            if "cluster_state:ok" in info and "cluster_known_nodes:3" in info:
+                break
+            time.sleep(0.05)
+        else:
+            sys.exit(f"cluster node {port} never saw the cluster ok")
+    # Which master serves each slot, to say how many masters the 5-descriptor requests touch.
+    owner = [0] * 16384
+    for line in subprocess.run(["redis-cli", "-p", str(nodes[0][0]), "CLUSTER", "NODES"],
+                               capture_output=True, text=True, check=True).stdout.splitlines():
+        fields = line.split()
+        if len(fields) < 9 or "master" not in fields[2]:
+            continue
+        for r in fields[8:]:
+            if r.startswith("["):
+                continue
+            a, _, b = r.partition("-")
+            for slot in range(int(a), int(b or a) + 1):
+                owner[slot] = fields[1].split("@")[0]
+    spans = {1: 0, 2: 0, 3: 0}
+    for n in range(KEYS):
+        masters = {owner[crc16(f"bench|d{i}=u{n}".encode()) % 16384] for i in range(1, 6)}
+        spans[len(masters)] += 1
+    url = "redis+cluster://" + ",".join(addrs)
+    builds = {"this build": BIN}
+    if baseline_bin:
+        builds["baseline"] = baseline_bin
+    redis_procs = {f"m{i}": proc for i, (_, proc) in enumerate(nodes)}
+    runners = {}
+    for name, binary in builds.items():
+        http_port, grpc_port = free_port(), free_port()
+        serve = start([binary, "serve", "--config", rules, "--http-addr", f"127.0.0.1:{http_port}",
+                       "--grpc-addr", f"127.0.0.1:{grpc_port}", "--store", url,
+                       "--store-prefix", f"bench-{len(runners)}"], log, cpus=own)
+        wait_port(http_port, f"{name} serve")
+        json_url = f"http://127.0.0.1:{http_port}/json"
+        # Warm: scripts loaded on every master, connections open.
+        http_runner(json_url, cluster_body(5), 1)()
+        closed = http_runner(json_url, cluster_body(5), secs)()
+        rate = round(closed["throughput"] / 2)
+        print(f"  cluster, {name}: 5 descriptors closed loop {closed['throughput']:,.0f}/s, "
+              f"measuring at {rate:,}/s", file=sys.stderr, flush=True)
+        for d in (1, 5):
+            procs = {"serve": serve, **redis_procs}
+            runners[(name, d)] = (lambda u=json_url, b=cluster_body(d), r=rate, p=procs: sample(
+                lambda: bench("http", u, "-X", "POST", "-d", b, secs=secs, rate=r, cpus=rest), p), rate)
+    res = rounds(runs, {k: v[0] for k, v in runners.items()}, "cluster")
+    every = [r for reports in res.values() for r in reports]
+    print(f"\n### Redis Cluster: 5 descriptors on 3 masters against 1, HTTP `/json`, "
+          f"{runs} × {secs} s at a fixed rate\n")
+    print(f"{KEYS:,} keys; of the 5-descriptor requests, {spans[3] / KEYS:.0%} touch 3 masters, "
+          f"{spans[2] / KEYS:.0%} 2 and {spans[1] / KEYS:.0%} 1. {conditions_text(conditions(every))}.\n")
+    print("| build | descriptors | answers/s | p50 µs | p99 µs | service CPU µs/answer | masters' CPU µs/answer |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for (name, d), reports in res.items():
+        masters_cpu = med([sum(r["cpu"][m] for m in redis_procs) for r in reports])
+        print(f"| {name} | {d} | {med([tp(r) for r in reports]):,.0f} | "
+              f"{med([r['latency']['p50_us'] for r in reports]):,.0f} | {med([p99(r) for r in reports]):,.0f} | "
+              f"{med([cpu(r) for r in reports]):.1f} | {masters_cpu:.1f} |")
+    print("\n| build | p99 5 / 1 (target ≤ 1.3) | service CPU 5 / 1 | per-round p99 ratios |")
+    print("|---|---:|---:|---|")
+    for name in builds:
+        five, one = res[(name, 5)], res[(name, 1)]
+        ratio = per_round(five, one, p99)
+        rounds_text = ", ".join(f"{p99(a) / p99(b):.2f}" for a, b in zip(five, one))
+        print(f"| {name} | {ratio:.2f} {verdict(ratio <= 1.3)} | {per_round(five, one, cpu):.2f} | "
+              f"{rounds_text} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="*", default=["service", "redis", "gateway"])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--secs", type=int, default=5)
-    parser.add_argument("--baseline-bin", help="ab: the other build of sluice to compare with")
+    parser.add_argument("--baseline-bin", help="ab, cluster: the other build of sluice to compare with")
     parser.add_argument("--few-keys", type=int, default=20,
                         help="hybrid: the keys of the commands-per-decision runs")
     parser.add_argument("--pin", action="store_true",
@@ -1320,6 +1448,8 @@ def main():
                     hybrid(tmp, args.runs, args.secs, args.few_keys)
                 elif what == "peers":
                     peers(tmp, args)
+                elif what == "cluster":
+                    cluster(tmp, args.runs, args.secs, args.baseline_bin)
                 else:
                     {"service": service, "redis": redis, "usage": usage}[what](
                         tmp, args.runs, args.secs)
