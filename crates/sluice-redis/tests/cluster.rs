@@ -427,3 +427,68 @@ async fn a_dead_master_fails_only_its_own_keys() {
     );
     assert_eq!(store.breaker_state(), BreakerState::Closed);
 }
+
+/// A master killed and its replica promoted, on a Cluster that serves the slots it still covers:
+/// the store's map follows the promotion, so the dead master's keys are decided again on the
+/// replica, under a breaker of the replica's own, while another master's key is decided without
+/// an error throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breakers_follow_a_failover() {
+    let mut cluster = RedisCluster::start_with_replicas(Duration::from_millis(1_000));
+    for node in &cluster.nodes {
+        node.command(&["CONFIG", "SET", "cluster-require-full-coverage", "no"])
+            .expect("CONFIG SET answers");
+    }
+    let options = test_options().breaker_cool_down(Duration::from_millis(200));
+    let store = RedisStore::connect(&cluster.url(), options).await.unwrap();
+    let victim = (0..cluster.nodes.len())
+        .find(|&i| cluster.is_master(i))
+        .expect("a master");
+    let replica = cluster
+        .replica_of(victim)
+        .expect("the master has a replica");
+    let slots = cluster.slots_of(victim);
+    let on_victim = |inside: bool| {
+        (0..)
+            .map(|n| format!("failover:{inside}:{n}"))
+            .find(|id| slots.iter().any(|r| r.contains(&store.slot_of(id))) == inside)
+            .expect("an identity")
+    };
+    let (dead_key, live_key) = (on_victim(true), on_victim(false));
+    let policy = fifty_per_hour().remove(0);
+    let check = |id: &str| {
+        let (store, policy, id) = (store.clone(), policy.clone(), id.to_owned());
+        async move { store.check(&[Check::new(&id, &policy, 1)]).await }
+    };
+    assert!(check(&dead_key).await.unwrap()[0].allowed);
+    let live_admitted = AtomicU64::new(u64::from(check(&live_key).await.unwrap()[0].allowed));
+
+    cluster.nodes[victim].kill();
+    let replica_address = format!("127.0.0.1:{}", cluster.nodes[replica].port);
+    eventually_within(
+        "the dead master's keys are decided on the promoted replica",
+        Duration::from_secs(60),
+        || {
+            let (dead, live, admitted) = (check(&dead_key), check(&live_key), &live_admitted);
+            async move {
+                let live = live.await.expect("another master's key never fails");
+                admitted.fetch_add(u64::from(live[0].allowed), Ordering::Relaxed);
+                dead.await.ok()
+            }
+        },
+    )
+    .await;
+    let masters = store.masters();
+    assert!(
+        masters.iter().any(|m| m.address == replica_address)
+            && masters.iter().all(|m| m.breaker == BreakerState::Closed),
+        "{masters:?}"
+    );
+    assert!(
+        !masters
+            .iter()
+            .any(|m| m.address == format!("127.0.0.1:{}", cluster.nodes[victim].port)),
+        "the dead master left the map: {masters:?}"
+    );
+    assert!(live_admitted.load(Ordering::Relaxed) <= 50);
+}
