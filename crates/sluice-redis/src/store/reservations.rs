@@ -12,7 +12,10 @@
 //!
 //! A settle claims the record first ([`scripts::CLAIM`], atomic: of concurrent settles from any
 //! instances only one goes on), then gives back or charges each counter, one call per slot
-//! ([`scripts::REFUND`]). `docs/redis-store.md` describes the record and the guarantees.
+//! ([`scripts::REFUND`]). On a Cluster every step's calls go through
+//! [`RedisStore::eval_each`] or the checks' own path, so they are grouped by master: one pipeline
+//! per master, the masters in parallel, each through its master's breaker.
+//! `docs/redis-store.md` describes the record and the guarantees.
 
 use redis::Value;
 use sluice_core::{Check, Decision, Lease, Refund, ReservationId, Settlement, StoreError};
