@@ -426,6 +426,31 @@ async fn breaker(client: &reqwest::Client, http: &str) -> String {
         .to_owned()
 }
 
+/// The store's calls failed in all and, of them, those the open breaker failed at once, from
+/// `/metrics`: printed with each phase, for the figures in `docs/hardening.md`.
+async fn store_failures(client: &reqwest::Client, http: &str) -> (u64, u64) {
+    let (_, metrics) = text(client, format!("http://{http}/metrics")).await;
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix(name))
+            .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    (
+        value("sluice_store_errors_total"),
+        value("sluice_store_short_circuited_total"),
+    )
+}
+
+fn report_failures(phase: &str, before: (u64, u64), after: (u64, u64)) {
+    eprintln!(
+        "{phase}: {} store calls failed, {} of them at once by the open breaker",
+        after.0 - before.0,
+        after.1 - before.1
+    );
+}
+
 /// Waits until the store is healthy again: the breaker closed, `/readyz` 200, and `deny`'s key
 /// decided by Redis (200).
 async fn recovered(client: &reqwest::Client, http: &str, phase: &str) -> Duration {
@@ -530,15 +555,22 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
 
     // 5% of packets lost each way: TCP resends them, and a call whose packet waits out the
     // retransmission timeout (200 ms at least) fails at the store's timeout.
+    let failed_before = store_failures(&client, http).await;
     namespace.link.must_set(Link::Lossy(5));
     let mut answers = load(&client, http, Duration::from_secs(4)).await;
     namespace.link.must_set(Link::Healthy);
     assert_decisions("5% loss", &mut answers);
+    report_failures(
+        "5% loss",
+        failed_before,
+        store_failures(&client, http).await,
+    );
     let took = recovered(&client, http, "5% loss").await;
     eprintln!("5% loss: healthy again {took:?} after the link healed");
 
     // A partition for 3 s: the breaker opens (calls then fail at once), and closes once the
     // link heals.
+    let failed_before = store_failures(&client, http).await;
     namespace.link.must_set(Link::Partitioned);
     let opened = Arc::new(AtomicBool::new(false));
     let watching = {
@@ -557,6 +589,11 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
     watching.await.unwrap();
     namespace.link.must_set(Link::Healthy);
     assert_decisions("partition", &mut answers);
+    report_failures(
+        "partition",
+        failed_before,
+        store_failures(&client, http).await,
+    );
     assert!(
         opened.load(Ordering::Relaxed),
         "partition: the breaker never opened"
@@ -569,6 +606,7 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
     eprintln!("partition: healthy again {took:?} after the link healed");
 
     // The link down and up every second, for 6 s.
+    let failed_before = store_failures(&client, http).await;
     let flapping = {
         let flapper = namespace.link.clone();
         std::thread::spawn(move || {
@@ -588,6 +626,11 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
     let mut answers = load(&client, http, Duration::from_secs(6)).await;
     flapping.join().unwrap();
     assert_decisions("flapping", &mut answers);
+    report_failures(
+        "flapping",
+        failed_before,
+        store_failures(&client, http).await,
+    );
     let took = recovered(&client, http, "flapping").await;
     eprintln!("flapping: healthy again {took:?} after the link healed");
 
