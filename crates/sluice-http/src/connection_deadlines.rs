@@ -1,6 +1,7 @@
-//! The two deadlines a connection lives under besides its protocol's own: its first request
-//! head must be complete within [`ConnectionLimits::header_read`] of connecting, and once no
-//! request has been in flight for [`ConnectionLimits::idle`] it is closed.
+//! The three deadlines a connection lives under besides its protocol's own: its first request
+//! head must be complete within [`ConnectionLimits::header_read`] of connecting, once no
+//! request has been in flight for [`ConnectionLimits::idle`] it is closed, and so it is once
+//! what it has to send has made no progress for [`ConnectionLimits::send`].
 //!
 //! hyper enforces neither for every connection. Its HTTP/1.1 header timeout starts only once
 //! hyper reads a request, but the listener first reads a few bytes to tell HTTP/1.1 from the h2
@@ -28,11 +29,23 @@
 //!   [`InFlight::draining`]), and hyper closes the connection after it. A client that sends
 //!   nothing within the drain is closed while idle, which every HTTP/1.1 client must expect.
 //!
+//! - at once, with nothing more said, when what it has to send has made no progress for
+//!   `send`: its socket has taken no byte for that long ([`SendProgress`] tells when a write
+//!   blocks), or an answer's body waits that long to be asked for its next part (hyper asks
+//!   only once the last part is on its way: an h2 client that grants no flow-control window
+//!   stalls it without filling any buffer). Such a client reads nothing, so nothing said to it
+//!   could arrive; without this deadline a client that never read held its connection, and the
+//!   answers not yet written, for as long as it stayed.
+//!
 //! An answer is in flight from its request head until its body has been sent or dropped
-//! ([`Tracked`]), so a long answer (a proxied download) never counts as idle. A later h2
+//! ([`Tracked`]), so a long answer (a proxied download) never counts as idle; one whose body
+//! is slow to produce its parts (an upstream that is slow to send) never counts as stalled,
+//! since only a part produced and not yet asked for waits on the client. A later h2
 //! request head is bounded too: one whose header block stays open for `header_read` closes
 //! the connection at once ([`HeaderBlocks`](crate::header_blocks::HeaderBlocks) tells when a
 //! block opens).
+//!
+//! [`SendProgress`]: crate::send_progress::SendProgress
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -71,8 +84,19 @@ struct Shared {
     /// When the h2 header block being received opened, in milliseconds since `started`;
     /// [`NO_BLOCK`] when none is open.
     block_since_ms: AtomicU64,
-    /// Told when a header block opens, so that the connection's deadline is looked at again.
-    block_opened: Notify,
+    /// Told when a header block opens or the socket's writes block, so that the connection's
+    /// deadlines are looked at again.
+    changed: Notify,
+    /// Whether the socket's last write returned `Pending` ([`SendProgress`]).
+    ///
+    /// [`SendProgress`]: crate::send_progress::SendProgress
+    send_blocked: AtomicBool,
+    /// Answers whose body has produced a part that has not been taken further: their next part
+    /// waits for the connection to ask for it.
+    answers_waiting: AtomicUsize,
+    /// When output last made progress (the socket's writes blocked or unblocked, an answer's
+    /// body produced a part), in milliseconds since `started`: a stall counts from here.
+    output_progress_ms: AtomicU64,
 }
 
 /// No header block open.
@@ -90,7 +114,10 @@ impl Activity {
                 in_flight: AtomicUsize::new(0),
                 idle_since_ms: AtomicU64::new(0),
                 block_since_ms: AtomicU64::new(NO_BLOCK),
-                block_opened: Notify::new(),
+                changed: Notify::new(),
+                send_blocked: AtomicBool::new(false),
+                answers_waiting: AtomicUsize::new(0),
+                output_progress_ms: AtomicU64::new(0),
             }),
         }
     }
@@ -106,6 +133,19 @@ impl Activity {
         self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight {
             shared: Arc::clone(&self.shared),
+            waiting: false,
+        }
+    }
+
+    /// The socket's writes have blocked (`true`: a write returned `Pending`) or moved again.
+    /// Told only when it changes ([`SendProgress`](crate::send_progress::SendProgress)).
+    pub fn send_blocked(&self, blocked: bool) {
+        let s = &self.shared;
+        s.output_progress_ms
+            .store(s.millis_since_start(), Ordering::Release);
+        s.send_blocked.store(blocked, Ordering::Release);
+        if blocked {
+            s.changed.notify_one();
         }
     }
 
@@ -115,7 +155,7 @@ impl Activity {
         if open {
             s.block_since_ms
                 .store(s.millis_since_start(), Ordering::Release);
-            s.block_opened.notify_one();
+            s.changed.notify_one();
         } else {
             s.block_since_ms.store(NO_BLOCK, Ordering::Release);
         }
@@ -123,8 +163,20 @@ impl Activity {
 
     /// When the connection should next be looked at, and whether it must close then, as of
     /// `now`: as [`next_for_requests`](Self::next_for_requests) says, or sooner when a header
-    /// block has been open for `header_read`.
+    /// block has been open for `header_read` or output has stalled for `send`.
     fn next(&self, now: Instant, limits: &ConnectionLimits) -> Next {
+        match self.next_for_output(now, limits) {
+            Next::At(at) => match self.next_for_head(now, limits) {
+                Next::At(other) => Next::At(at.min(other)),
+                other => other,
+            },
+            stalled => stalled,
+        }
+    }
+
+    /// As [`next_for_requests`](Self::next_for_requests), or sooner when a header block has
+    /// been open for `header_read`.
+    fn next_for_head(&self, now: Instant, limits: &ConnectionLimits) -> Next {
         let next = self.next_for_requests(now, limits);
         let since = self.shared.block_since_ms.load(Ordering::Acquire);
         if since == NO_BLOCK {
@@ -136,6 +188,29 @@ impl Activity {
             Next::At(at) => Next::At(at.min(deadline)),
             other => other,
         }
+    }
+
+    /// When the connection's output should next be looked at, or [`Next::Stalled`] when it has
+    /// made no progress for `send`. A socket whose writes block says so at once (the activity
+    /// is told); an answer's body waiting to be asked for its next part does not, since that
+    /// happens on every answer, between two parts: while answers are in flight, the output is
+    /// looked at every `send`, and a stall that began since is then seen with its start.
+    fn next_for_output(&self, now: Instant, limits: &ConnectionLimits) -> Next {
+        let s = &self.shared;
+        let stalled =
+            s.send_blocked.load(Ordering::Acquire) || s.answers_waiting.load(Ordering::Acquire) > 0;
+        if stalled {
+            let since = Duration::from_millis(s.output_progress_ms.load(Ordering::Acquire));
+            let deadline = s.started + since + limits.send;
+            if now >= deadline {
+                return Next::Stalled;
+            }
+            return Next::At(deadline);
+        }
+        if s.in_flight.load(Ordering::Acquire) > 0 {
+            return Next::At(now + limits.send);
+        }
+        Next::At(now + limits.idle.max(limits.send))
     }
 
     /// When the connection should next be looked at for its requests (the first head's
@@ -182,12 +257,17 @@ enum Next {
     Abandon,
     /// Idle too long: close it gracefully.
     Close,
+    /// What it has to send made no progress for the send timeout: drop it.
+    Stalled,
 }
 
 /// One answer in flight; ends when dropped.
 #[derive(Debug)]
 pub struct InFlight {
     shared: Arc<Shared>,
+    /// Whether its body has produced a part not yet taken further (counted in the
+    /// connection's `answers_waiting`).
+    waiting: bool,
 }
 
 impl InFlight {
@@ -195,6 +275,26 @@ impl InFlight {
     /// should then say `Connection: close`, since the connection closes after it.
     pub fn draining(&self) -> bool {
         self.shared.draining.load(Ordering::Relaxed)
+    }
+
+    /// The answer's body is asked for its next part: the last one has been taken.
+    fn asked(&mut self) {
+        if self.waiting {
+            self.waiting = false;
+            self.shared.answers_waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The answer's body has produced a part: until it is asked for the next one, it waits on
+    /// the connection.
+    fn produced(&mut self) {
+        let s = &self.shared;
+        s.output_progress_ms
+            .store(s.millis_since_start(), Ordering::Release);
+        if !self.waiting {
+            self.waiting = true;
+            s.answers_waiting.fetch_add(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -206,6 +306,7 @@ impl Shared {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.asked();
         let s = &self.shared;
         let since = s.millis_since_start();
         // Written before the count falls, so whoever sees it at zero sees this time too.
@@ -239,7 +340,13 @@ impl<B: Body> Body for Tracked<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        self.project().body.poll_frame(cx)
+        let this = self.project();
+        this.in_flight.asked();
+        let frame = this.body.poll_frame(cx);
+        if matches!(frame, Poll::Ready(Some(Ok(_)))) {
+            this.in_flight.produced();
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
@@ -303,6 +410,13 @@ where
                     );
                     return Ok(());
                 }
+                Next::Stalled => {
+                    tracing::debug!(
+                        timeout = ?limits.send,
+                        "connection closed: what it had to send made no progress within the send timeout"
+                    );
+                    return Ok(());
+                }
                 Next::Close => {
                     tracing::debug!(idle = ?limits.idle, "idle connection closed");
                     connection.as_mut().graceful_shutdown();
@@ -318,8 +432,9 @@ where
             // stop is looked at.
             biased;
             ended = connection.as_mut() => return ended,
-            // A header block opened: its deadline may be the nearest.
-            () = activity.shared.block_opened.notified(), if closing.is_none() => {}
+            // A header block opened, or the socket's writes blocked: its deadline may be the
+            // nearest.
+            () = activity.shared.changed.notified(), if closing.is_none() => {}
             _ = stopped.wait_for(|s| *s), if closing.is_none() && draining.is_none() => {
                 let s = &activity.shared;
                 s.draining.store(true, Ordering::Relaxed);
@@ -443,6 +558,159 @@ mod tests {
             (Duration::from_secs(60)..Duration::from_secs(61)).contains(&held),
             "held {held:?}"
         );
+        service.shutdown().await;
+    }
+
+    /// An answer that never ends, 64 KiB at a time; `dropped` is told (its sender dropped)
+    /// when the connection lets it go.
+    struct Endless {
+        _dropped: tokio::sync::oneshot::Sender<()>,
+    }
+
+    impl Body for Endless {
+        type Data = bytes::Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<bytes::Bytes>, Infallible>>> {
+            Poll::Ready(Some(Ok(Frame::data(bytes::Bytes::from_static(
+                &[b'x'; 65_536],
+            )))))
+        }
+    }
+
+    use std::convert::Infallible;
+
+    /// Serving an endless answer at `/` (one request's worth), and what tells when it is let go.
+    async fn serving_endless(
+        limits: ConnectionLimits,
+    ) -> (Lifecycle, SocketAddr, tokio::sync::oneshot::Receiver<()>) {
+        let (dropped, let_go) = tokio::sync::oneshot::channel();
+        let dropped = Arc::new(std::sync::Mutex::new(Some(dropped)));
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(move || async move {
+                let dropped = dropped.lock().unwrap().take().expect("one request");
+                axum::body::Body::new(Endless { _dropped: dropped })
+            }),
+        );
+        let mut service = Lifecycle::new(limits);
+        let addr = service
+            .listen(SocketAddr::from(([127, 0, 0, 1], 0)), app)
+            .await
+            .unwrap();
+        (service, addr, let_go)
+    }
+
+    /// A client socket with a small receive buffer, so that it fills soon.
+    async fn small_buffered(addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4_096).unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    /// Deadlines long enough not to interfere, and a send timeout of 30 s.
+    fn send_limits() -> ConnectionLimits {
+        ConnectionLimits {
+            header_read: Duration::from_secs(3600),
+            idle: Duration::from_secs(3 * 3600),
+            send: Duration::from_secs(30),
+            ..ConnectionLimits::default()
+        }
+    }
+
+    /// A download its client never reads: the connection, and the answer with it, are let go
+    /// at the send timeout. (Without it, both were held for as long as the client stayed.)
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_never_read_is_let_go_at_the_send_timeout() {
+        let (service, addr, let_go) = serving_endless(send_limits()).await;
+        let mut socket = small_buffered(addr).await;
+        socket
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let held = tokio::time::timeout(Duration::from_secs(3600), let_go).await;
+        assert!(held.is_ok(), "still held after an hour");
+        let held = started.elapsed();
+        assert!(
+            (Duration::from_secs(30)..Duration::from_secs(31)).contains(&held),
+            "let go after {held:?}"
+        );
+        drop(socket);
+        service.shutdown().await;
+    }
+
+    /// A client that reads its download slowly, 1 MiB every 5 s, makes progress: it is never
+    /// cut at a send timeout of 30 s. (The kernel lets the server write again only once a third
+    /// of its send buffer is free, up to 1.4 MiB of Linux's 4 MiB: a client that reads less than
+    /// that in a send timeout is cut, as it would be by nginx's `send_timeout`.)
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_is_not_cut() {
+        let (service, addr, mut let_go) = serving_endless(send_limits()).await;
+        // The kernel's own receive buffer: one of 4 KiB opens its window a little at a time,
+        // and the server's kernel waits on its real-time persist timer before sending into
+        // it, while the test's paused clock runs ahead to the send deadline.
+        let mut socket = TcpStream::connect(addr).await.unwrap();
+        socket
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut chunk = vec![0; 1024 * 1024];
+        for _ in 0..12 {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            socket.read_exact(&mut chunk).await.unwrap();
+        }
+        assert!(
+            matches!(
+                let_go.try_recv(),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+            ),
+            "a reader making progress was cut"
+        );
+        drop(socket);
+        service.shutdown().await;
+    }
+
+    /// A client that sends 1,000 requests and never reads their answers (16 KiB each, far more
+    /// than the sockets' buffers hold): the connection is closed at the send timeout, with
+    /// most answers never sent. Read afterwards, it ends within a minute of the test's clock;
+    /// without the timeout all 1,000 answers come and it stays open (the idle timeout here is
+    /// three hours), and the read times out.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_never_reads_its_answers_is_closed_at_the_send_timeout() {
+        let app =
+            axum::Router::new().route("/", axum::routing::get(|| async { "x".repeat(16_384) }));
+        let mut service = Lifecycle::new(send_limits());
+        let addr = service
+            .listen(SocketAddr::from(([127, 0, 0, 1], 0)), app)
+            .await
+            .unwrap();
+        let socket = small_buffered(addr).await;
+        let (mut reader, mut writer) = socket.into_split();
+        // The server stops reading once its answers back up, so the writes may block: they run
+        // beside the test, and fail once the server has closed.
+        let sending = tokio::spawn(async move {
+            let requests = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".repeat(1_000);
+            let _ = writer.write_all(&requests).await;
+            writer
+        });
+        // Nothing read for longer than the send timeout, on the test's clock.
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        let mut received = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(60), reader.read_to_end(&mut received));
+        assert!(
+            read.await.is_ok(),
+            "still open a minute after the send timeout"
+        );
+        let answers = received
+            .windows(12)
+            .filter(|w| w == b"HTTP/1.1 200")
+            .count();
+        assert!(answers < 1_000, "{answers} answers of 1,000 sent");
+        drop(sending.await.unwrap());
         service.shutdown().await;
     }
 }

@@ -37,6 +37,7 @@ pub mod lifecycle;
 pub mod middleware;
 #[cfg(feature = "axum")]
 pub mod problem;
+pub mod send_progress;
 pub mod serve;
 
 pub use enforce::{

@@ -23,6 +23,7 @@ use tower_service::Service;
 use crate::PeerAddr;
 use crate::connection_deadlines::{Activity, Tracked, drive};
 use crate::header_blocks::HeaderBlocks;
+use crate::send_progress::SendProgress;
 
 /// How many connections a listener holds, and how long they may take and stay idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +37,11 @@ pub struct ConnectionLimits {
     /// How long a connection may go with no request in flight before it is closed (gracefully:
     /// an h2 client is sent `GOAWAY`). A client that answers pings is otherwise held for ever.
     pub idle: Duration,
+    /// How long what a connection has to send may make no progress (its socket takes no byte,
+    /// or an answer waits to be asked for its next part) before the connection is dropped: a
+    /// client that never reads is otherwise held, with the answers not yet written, for ever.
+    /// See [`send_progress`](crate::send_progress).
+    pub send: Duration,
     /// Open connections at most; one more is closed as soon as it is accepted.
     pub max_connections: usize,
     /// Open connections from one client address at most. Behind a load balancer every
@@ -51,7 +57,9 @@ impl Default for ConnectionLimits {
     /// 10 s for a request head (nginx's `client_header_timeout` is 60 s; a rate limiter's clients
     /// send small heads), a ping every 30 s, closed after 5 minutes idle (Envoy's own idle
     /// timeout for upstream connections is an hour; a client whose connection is closed opens
-    /// another), 16,384 connections, 1,024 from one address, and 1 s to drain on stopping (far
+    /// another), 30 s without progress in sending (nginx's `send_timeout` is 60 s; an answer
+    /// of Sluice's fits in a socket buffer, so only a client that stopped reading waits that
+    /// long), 16,384 connections, 1,024 from one address, and 1 s to drain on stopping (far
     /// longer than a request already sent takes to arrive; a client that sends nothing in it
     /// is closed while idle, which every HTTP/1.1 client must expect).
     fn default() -> Self {
@@ -59,6 +67,7 @@ impl Default for ConnectionLimits {
             header_read: Duration::from_secs(10),
             h2_keep_alive: Duration::from_secs(30),
             idle: Duration::from_secs(300),
+            send: Duration::from_secs(30),
             max_connections: 16_384,
             max_per_ip: 1_024,
             drain: Duration::from_secs(1),
@@ -200,7 +209,10 @@ pub async fn serve_connections<S, B>(
                 Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight)))
             }
         });
-        let stream = HeaderBlocks::new(stream, activity.clone());
+        let stream = HeaderBlocks::new(
+            SendProgress::new(stream, activity.clone()),
+            activity.clone(),
+        );
         let connection = builder
             .serve_connection(TokioIo::new(stream), with_peer)
             .into_owned();

@@ -46,6 +46,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use sluice_http::connection_deadlines::{Activity, Tracked, drive};
 use sluice_http::header_blocks::HeaderBlocks;
+use sluice_http::send_progress::SendProgress;
 use sluice_http::serve::{Admission, ConnectionLimits, H2_MAX_STREAMS, Slot};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -246,6 +247,8 @@ async fn serve_connections(
         };
         // The header deadline counts from here, the TLS handshake included.
         let activity = Activity::new();
+        // Under TLS too: the socket's writes are what a client that never reads blocks.
+        let stream = SendProgress::new(stream, activity.clone());
         let (routes, seen) = (serving.routes.clone(), activity.clone());
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
             let in_flight = seen.begin(request.version());

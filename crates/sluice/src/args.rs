@@ -35,6 +35,10 @@ pub(crate) struct ConnectionArgs {
     /// client is sent GOAWAY, so nothing it sends at that moment is lost).
     #[arg(long, env = "SLUICE_IDLE_TIMEOUT", value_parser = parse_duration_or_error, default_value = "5m")]
     pub(crate) idle_timeout: Duration,
+    /// How long what a connection has to send may make no progress (a client that stopped
+    /// reading its answers) before the connection is closed.
+    #[arg(long, env = "SLUICE_SEND_TIMEOUT", value_parser = parse_duration_or_error, default_value = "30s")]
+    pub(crate) send_timeout: Duration,
     /// On SIGTERM, how long requests in flight may take to finish; then every connection
     /// still open is closed and the process exits 0.
     #[arg(long, env = "SLUICE_SHUTDOWN_TIMEOUT", value_parser = parse_duration_or_error, default_value = "30s")]
@@ -86,6 +90,7 @@ impl ConnectionArgs {
         sluice_http::serve::ConnectionLimits {
             header_read: self.header_timeout,
             idle: self.idle_timeout,
+            send: self.send_timeout,
             max_connections,
             max_per_ip: self.max_connections_per_ip,
             drain: self.shutdown_drain,
