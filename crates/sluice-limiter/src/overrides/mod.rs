@@ -185,6 +185,11 @@ impl Overrides {
         self.store.shares_overrides()
     }
 
+    /// Whether any override is set, applied or not.
+    pub fn any(&self) -> bool {
+        !self.lock_state().records.is_empty()
+    }
+
     /// Puts the overrides in force on `checks`, the checks `rules` made for `descriptors`.
     #[inline]
     pub(crate) fn apply(
