@@ -71,6 +71,18 @@ pub enum Settlement {
     Unknown,
 }
 
+/// The runtime overrides a store shares between the instances that use it, as one read sees
+/// them: opaque entries (an id and a body the engine writes) and the version they are at. The
+/// store never reads a body; the engine decodes them, so a store needs no rules to share them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedOverrides {
+    /// The version the entries are at: every change raises it by one, so an instance that has
+    /// seen this version has seen every change up to it.
+    pub version: u64,
+    /// Each override's id and body, in no particular order.
+    pub entries: Vec<(String, String)>,
+}
+
 /// Why a store could not decide. A denial is not an error: it is a [`Decision`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -211,6 +223,40 @@ pub trait Store: Send + Sync + 'static {
         )))
     }
 
+    /// Whether the store shares runtime overrides between the instances that use it (the
+    /// Redis stores and those built on one do). The engine keeps the overrides of a store that
+    /// does not in its own process, local to that instance, and says so.
+    fn shares_overrides(&self) -> bool {
+        false
+    }
+
+    /// Stores the override `id` with `body`, replacing any of that id, and returns the version
+    /// this change made. Changes are totally ordered: of concurrent puts to one id, the one with
+    /// the higher version is what every instance ends up with.
+    ///
+    /// The default refuses, for a store that does not share overrides.
+    fn put_override(&self, id: &str, body: &str) -> impl Future<Output = StoreResult<u64>> + Send {
+        let _ = (id, body);
+        std::future::ready(Err(no_shared_overrides()))
+    }
+
+    /// Removes the override `id`, if stored, and returns the version this change made.
+    fn remove_override(&self, id: &str) -> impl Future<Output = StoreResult<u64>> + Send {
+        let _ = id;
+        std::future::ready(Err(no_shared_overrides()))
+    }
+
+    /// The version the shared overrides are at, a cheap read that instances poll to learn
+    /// whether to read [`Store::overrides`] again. 0 when none was ever stored.
+    fn override_version(&self) -> impl Future<Output = StoreResult<u64>> + Send {
+        std::future::ready(Err(no_shared_overrides()))
+    }
+
+    /// Every shared override and the version they are at, read atomically.
+    fn overrides(&self) -> impl Future<Output = StoreResult<SharedOverrides>> + Send {
+        std::future::ready(Err(no_shared_overrides()))
+    }
+
     /// Told that `checks`, which this store failed to decide, were admitted all the same by
     /// their rules' `on_store_error` (`allow`, or `local` within its own limit). A store that
     /// keeps usage to push later (the hybrid store) counts them, so that what a fallback admitted
@@ -256,6 +302,16 @@ pub trait DynStore: Send + Sync + 'static {
     -> BoxFuture<'a, StoreResult<Vec<Decision>>>;
     /// See [`Store::admitted_without_store`].
     fn admitted_without_store(&self, checks: &[Check<'_>]);
+    /// See [`Store::shares_overrides`].
+    fn shares_overrides(&self) -> bool;
+    /// See [`Store::put_override`].
+    fn put_override<'a>(&'a self, id: &'a str, body: &'a str) -> BoxFuture<'a, StoreResult<u64>>;
+    /// See [`Store::remove_override`].
+    fn remove_override<'a>(&'a self, id: &'a str) -> BoxFuture<'a, StoreResult<u64>>;
+    /// See [`Store::override_version`].
+    fn override_version(&self) -> BoxFuture<'_, StoreResult<u64>>;
+    /// See [`Store::overrides`].
+    fn overrides(&self) -> BoxFuture<'_, StoreResult<SharedOverrides>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -313,4 +369,33 @@ impl<S: Store> DynStore for S {
     fn admitted_without_store(&self, checks: &[Check<'_>]) {
         Store::admitted_without_store(self, checks)
     }
+
+    fn shares_overrides(&self) -> bool {
+        Store::shares_overrides(self)
+    }
+
+    fn put_override<'a>(&'a self, id: &'a str, body: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
+        Box::pin(Store::put_override(self, id, body))
+    }
+
+    fn remove_override<'a>(&'a self, id: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
+        Box::pin(Store::remove_override(self, id))
+    }
+
+    fn override_version(&self) -> BoxFuture<'_, StoreResult<u64>> {
+        Box::pin(Store::override_version(self))
+    }
+
+    fn overrides(&self) -> BoxFuture<'_, StoreResult<SharedOverrides>> {
+        Box::pin(Store::overrides(self))
+    }
+}
+
+/// What a store that does not share overrides answers when asked to.
+fn no_shared_overrides() -> StoreError {
+    StoreError::Rejected(
+        "this store does not share overrides between instances: the engine keeps them in \
+         its own process"
+            .to_owned(),
+    )
 }

@@ -1,7 +1,8 @@
 //! The admin and operations endpoints every Sluice listener serves: `/metrics`, `/healthz`,
 //! `/readyz`, the dashboard page `/dashboard`, and the admin endpoints `GET /v1/rules`,
 //! `POST /v1/reload`, `GET`/`DELETE /v1/keys/{counter}` and `GET /v1/dashboard`, which answer
-//! loopback peers, or others with the admin token. `sluice serve` merges them into its HTTP API; `sluice proxy` serves them on its admin
+//! loopback peers, or others with the admin token; so do `PUT`/`GET`/`DELETE
+//! /v1/overrides/{domain}` (`admin_overrides.rs`). `sluice serve` merges them into its HTTP API; `sluice proxy` serves them on its admin
 //! listener; an application can mount them too.
 
 use std::net::SocketAddr;
@@ -40,6 +41,12 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/rules", get(rules))
         .route("/v1/reload", post(reload))
         .route("/v1/keys/{counter}", get(inspect_key).delete(reset_key))
+        .route(
+            "/v1/overrides/{domain}",
+            get(crate::admin_overrides::list)
+                .put(crate::admin_overrides::put)
+                .delete(crate::admin_overrides::remove),
+        )
         .route("/v1/dashboard", get(crate::dashboard::data))
         .route("/dashboard", get(crate::dashboard::page))
         .with_state(state)
@@ -54,14 +61,27 @@ pub fn secs(d: Duration) -> Value {
     }
 }
 
+/// `GET /readyz`: ready when the store answers. The body says `ready`, followed, when any
+/// runtime override is set, by a line on where the overrides live and whether this instance's
+/// copy is current (`docs/overrides.md`).
 async fn readyz(State(state): State<AdminState>) -> Response {
+    let (status, mut body) = ready(&state).await;
+    let overrides = state.limiter.overrides();
+    if overrides.any() || overrides.sync_status().error.is_some() {
+        body.push('\n');
+        body.push_str(&overrides.readiness());
+    }
+    (status, body).into_response()
+}
+
+/// Whether the store answers, and in words.
+async fn ready(state: &AdminState) -> (StatusCode, String) {
     if let Some(breaker) = state.limiter.breaker() {
         if breaker == sluice_limiter::BreakerState::Open {
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "store: circuit breaker open; rules fall back to on_store_error",
-            )
-                .into_response();
+                "store: circuit breaker open; rules fall back to on_store_error".into(),
+            );
         }
     }
     let probe = Policy::probe();
@@ -71,13 +91,12 @@ async fn readyz(State(state): State<AdminState>) -> Response {
     })
     .await;
     match answer {
-        Ok(Ok(())) => (StatusCode::OK, "ready").into_response(),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")).into_response(),
+        Ok(Ok(())) => (StatusCode::OK, "ready".into()),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")),
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "store: no answer within 1s",
-        )
-            .into_response(),
+            "store: no answer within 1s".into(),
+        ),
     }
 }
 
@@ -130,11 +149,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn describe_descriptor(d: &DescriptorConfig) -> Value {
+fn describe_descriptor(limiter: &Limiter, domain: &str, d: &DescriptorConfig) -> Value {
     let limits: Vec<Value> = d
         .limits
         .iter()
         .map(|l| {
+            let location = l.location.to_string();
+            let overrides = limiter.overrides().applied_to(domain, &location);
             json!({
                 "name": l.name.as_deref(),
                 "algorithm": l.policy.algorithm().name(),
@@ -145,7 +166,8 @@ fn describe_descriptor(d: &DescriptorConfig) -> Value {
                 "action": l.action.name(),
                 "shadow": l.shadow,
                 "replaces": l.replaces.iter().map(|r| &**r).collect::<Vec<_>>(),
-                "location": l.location.to_string(),
+                "location": location,
+                "overrides": overrides,
             })
         })
         .collect();
@@ -154,7 +176,7 @@ fn describe_descriptor(d: &DescriptorConfig) -> Value {
         "value": d.value.to_string(),
         "unlimited": d.unlimited,
         "limits": limits,
-        "descriptors": d.descriptors.iter().map(describe_descriptor).collect::<Vec<_>>(),
+        "descriptors": d.descriptors.iter().map(|c| describe_descriptor(limiter, domain, c)).collect::<Vec<_>>(),
     })
 }
 
@@ -174,7 +196,7 @@ pub(crate) fn rules_json(limiter: &Limiter) -> Value {
         .domain_names()
         .into_iter()
         .filter_map(|name| rules.domain(name))
-        .map(|d| json!({ "domain": d.name, "descriptors": d.descriptors.iter().map(describe_descriptor).collect::<Vec<_>>() }))
+        .map(|d| json!({ "domain": d.name, "descriptors": d.descriptors.iter().map(|c| describe_descriptor(limiter, &d.name, c)).collect::<Vec<_>>() }))
         .collect();
     json!({ "fingerprint": format!("{:016x}", rules.fingerprint()), "domains": domains })
 }

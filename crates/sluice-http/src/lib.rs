@@ -27,6 +27,8 @@
 
 #[cfg(feature = "axum")]
 pub mod admin;
+#[cfg(feature = "axum")]
+mod admin_overrides;
 pub mod client_ip;
 pub mod connection_deadlines;
 mod dashboard;

@@ -187,6 +187,21 @@ impl Lifecycle {
         self.listen(addr, app).await
     }
 
+    /// Reads the runtime overrides `limiter`'s store shares (if it does), so that the first request is
+    /// decided under them, and follows them until the service stops: every instance enforces
+    /// a change within a second (`sluice_limiter::Overrides::follow`). A store that cannot be
+    /// read now is read again on every poll; until then the instance has none, and `/readyz`
+    /// and the metrics say so.
+    pub async fn follow_overrides(&mut self, limiter: &Arc<Limiter>) {
+        let overrides = Arc::clone(limiter.overrides());
+        if let Err(e) = overrides.sync_now().await {
+            tracing::warn!(error = %e, "cannot read the runtime overrides at start; retrying");
+        }
+        // On a store that does not share them, the loop only notices expiries.
+        self.tasks
+            .push(tokio::spawn(overrides.follow(self.stopped())));
+    }
+
     /// Samples `limiter`'s activity once a second for the dashboard's history, until the
     /// service stops.
     pub fn sample(&mut self, limiter: &Arc<Limiter>) {

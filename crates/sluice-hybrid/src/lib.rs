@@ -204,6 +204,27 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
     /// Units a rule's `on_store_error` admitted while this store reported Redis away are this
     /// instance's to push like its own: they stay pending until a sync reaches Redis, and count
     /// against the limit from then on (within the two windows pending units are kept for).
+    /// The overrides are the Redis store's: every instance on that Redis shares them.
+    fn shares_overrides(&self) -> bool {
+        self.redis().shares_overrides()
+    }
+
+    async fn put_override(&self, id: &str, body: &str) -> StoreResult<u64> {
+        self.redis().put_override(id, body).await
+    }
+
+    async fn remove_override(&self, id: &str) -> StoreResult<u64> {
+        self.redis().remove_override(id).await
+    }
+
+    async fn override_version(&self) -> StoreResult<u64> {
+        self.redis().override_version().await
+    }
+
+    async fn overrides(&self) -> StoreResult<sluice_core::SharedOverrides> {
+        Store::overrides(self.redis()).await
+    }
+
     fn admitted_without_store(&self, checks: &[Check<'_>]) {
         let inner = &self.inner;
         let now = inner.clock.now();

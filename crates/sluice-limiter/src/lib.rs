@@ -59,6 +59,7 @@ mod metrics;
 pub mod metrics_page;
 mod open;
 mod open_store;
+mod overrides;
 mod request;
 mod store_telemetry;
 mod verdict;
@@ -70,6 +71,9 @@ pub use metrics::{
 };
 pub use open::{StartError, Watched, log_reloads};
 pub use open_store::{OpenStore, StoreOpenError};
+pub use overrides::{
+    DescriptorEntry, OverrideError, OverridePut, OverrideSync, OverrideView, Overrides, POLL_EVERY,
+};
 pub use request::{InvalidRequest, LimitOverride, LimitRequest, RequestDescriptor};
 pub use sluice_core::BreakerState;
 pub use store_telemetry::{NoTelemetry, StoreTelemetry};

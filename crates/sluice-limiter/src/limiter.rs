@@ -29,6 +29,7 @@ use crate::activity::{DecisionHistory, ReloadLog};
 use crate::metrics::{Metrics, Snapshot};
 use crate::metrics_page::MetricsPages;
 use crate::open_store::OpenStore;
+use crate::overrides::Overrides;
 use crate::request::{InvalidRequest, LimitRequest};
 use crate::store_telemetry::StoreTelemetry;
 use crate::verdict::Verdict;
@@ -60,6 +61,8 @@ pub struct Limiter {
     reservation_ttls: reserve::Ttls,
     /// The rendered `/metrics` page, shared by the scrapes of one second.
     pages: MetricsPages,
+    /// The limits changed at run time, through the admin API.
+    overrides: Arc<Overrides>,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -80,6 +83,11 @@ impl Limiter {
     pub fn with_open_store(rules: Arc<Reloader>, opened: OpenStore, metrics: Arc<Metrics>) -> Self {
         metrics.register_store(opened.telemetry.as_ref());
         let reloads = ReloadLog::follow(&rules);
+        let overrides = Arc::new(Overrides::new(
+            Arc::clone(&rules),
+            Arc::clone(&opened.store),
+        ));
+        metrics.register_with(|registry| overrides.register(registry));
         Limiter {
             rules,
             store: opened.store,
@@ -93,6 +101,7 @@ impl Limiter {
             quota_mode: AtomicBool::new(false),
             reservation_ttls: Default::default(),
             pages: MetricsPages::default(),
+            overrides,
         }
     }
 
@@ -122,6 +131,7 @@ impl Limiter {
     pub fn render_metrics(&self) -> String {
         let stats = self.rules.stats();
         self.telemetry.refresh();
+        self.overrides.refresh_metrics();
         self.metrics.render(&Snapshot {
             tracked_keys: self.store.tracked_keys(),
             reloads: stats.reloads.load(Ordering::Relaxed),
@@ -135,6 +145,12 @@ impl Limiter {
     /// [`MAX_PAGES`](crate::metrics_page::MAX_PAGES) pages ([`metrics_page`](crate::metrics_page)).
     pub fn metrics_page(&self) -> bytes::Bytes {
         self.pages.page(|| self.render_metrics())
+    }
+
+    /// The limits changed at run time: set, removed and listed through the admin API, shared
+    /// by every instance when the store shares them ([`Overrides::follow`]).
+    pub fn overrides(&self) -> &Arc<Overrides> {
+        &self.overrides
     }
 
     /// The rules in force.
@@ -165,7 +181,12 @@ impl Limiter {
         request.validate()?;
         let started = Instant::now();
         let rules = self.rules.rules();
-        let plan = Plan::new(&rules, request, self.quota_mode.load(Ordering::Relaxed));
+        let plan = Plan::new(
+            &rules,
+            request,
+            self.quota_mode.load(Ordering::Relaxed),
+            &self.overrides,
+        );
         let (plan, checked) = if request.descriptors.iter().any(|d| d.refund) {
             self.check_with_refunds(request, plan).await
         } else {

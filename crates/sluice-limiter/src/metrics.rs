@@ -386,6 +386,12 @@ impl Metrics {
         telemetry.register(&mut registry);
     }
 
+    /// Registers series kept elsewhere in the engine (the runtime overrides') in the registry.
+    pub(crate) fn register_with(&self, register: impl FnOnce(&mut Registry)) {
+        let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        register(&mut registry);
+    }
+
     /// The Prometheus text exposition, with gauges and mirrored counters refreshed from
     /// `snapshot`.
     pub fn render(&self, snapshot: &Snapshot) -> String {

@@ -10,8 +10,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::{RedisError, RedisResult};
 use sluice_core::{
-    BreakerState, Check, Decision, Lease, Policy, Refund, ReservationId, Settlement, Store,
-    StoreError, StoreResult, Timestamp, UnsupportedPolicy,
+    BreakerState, Check, Decision, Lease, Policy, Refund, ReservationId, Settlement,
+    SharedOverrides, Store, StoreError, StoreResult, Timestamp, UnsupportedPolicy,
 };
 
 use crate::breaker::{Breaker, Permit};
@@ -26,6 +26,7 @@ use crate::url::{RedisUrl, Topology};
 use crate::{ConnectError, MasterHealth, RedisOptions};
 
 mod master_calls;
+mod overrides;
 mod reservations;
 
 /// Counters in Redis, shared exactly by every instance that uses the same Redis and prefix.
@@ -713,6 +714,26 @@ impl Store for RedisStore {
 
     async fn refund(&self, refunds: &[Refund<'_>]) -> StoreResult<Vec<Decision>> {
         self.refund_now(refunds).await
+    }
+
+    fn shares_overrides(&self) -> bool {
+        true
+    }
+
+    async fn put_override(&self, id: &str, body: &str) -> StoreResult<u64> {
+        self.change_override(id, Some(body)).await
+    }
+
+    async fn remove_override(&self, id: &str) -> StoreResult<u64> {
+        self.change_override(id, None).await
+    }
+
+    async fn override_version(&self) -> StoreResult<u64> {
+        self.read_override_version().await
+    }
+
+    async fn overrides(&self) -> StoreResult<SharedOverrides> {
+        self.read_overrides().await
     }
 
     /// See [`crate::supports`]: every Redis store holds the same policies.

@@ -54,6 +54,7 @@ mod ruleset;
 mod suggest;
 mod yaml;
 
+pub use decode::decode_limit;
 pub use error::{ConfigError, ErrorKind, LoadError, Location};
 pub use gateway::{
     Cidr, DEFAULT_MAX_BODY, EntrySpec, Gateway, HostMatch, JsonPath, JsonStep, PathPattern,

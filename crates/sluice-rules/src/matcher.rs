@@ -65,6 +65,9 @@ pub struct Rule {
     policy_id: String,
     /// Made in code for one use ([`Rule::standalone`]), not part of a rule set.
     standalone: bool,
+    /// A rule of the set whose limit a runtime override replaced ([`Rule::overridden_by`]): not
+    /// itself part of the set.
+    overridden: bool,
 }
 
 impl std::ops::Deref for Rule {
@@ -92,7 +95,41 @@ impl Rule {
             metric_parts: None,
             policy_id: String::new(),
             standalone: true,
+            overridden: false,
         }
+    }
+
+    /// This rule with its limit replaced by `limit`, set at run time (a runtime override): the
+    /// same place in its domain (path, quota mode, metadata, metric labels) and the same `name`
+    /// and `replaces`, so that it is reported, counted and replaced as this rule is, under
+    /// `limit`'s policy, action and modes. The new rule is not the set's
+    /// ([`Rule::is_overridden`]).
+    pub fn overridden_by(&self, limit: LimitConfig) -> Rule {
+        let limit = LimitConfig {
+            name: self.limit.name.clone(),
+            replaces: self.limit.replaces.clone(),
+            ..limit
+        };
+        Rule {
+            mode: Mode::of(&limit.action, limit.shadow),
+            limit,
+            detailed_metric: self.detailed_metric,
+            path: Arc::clone(&self.path),
+            stat_path: Arc::clone(&self.stat_path),
+            quota: self.quota,
+            metadata: self.metadata.clone(),
+            metric_parts: self.metric_parts.clone(),
+            policy_id: self.policy_id.clone(),
+            standalone: false,
+            overridden: true,
+        }
+    }
+
+    /// Whether the rule was made by [`Rule::overridden_by`]: a rule set's rule under a limit set
+    /// at run time. Like a standalone rule, it is not one of the set's, so nothing may be cached
+    /// by its address.
+    pub fn is_overridden(&self) -> bool {
+        self.overridden
     }
 
     /// Whether the rule was made by [`Rule::standalone`]: it belongs to no rule set, so its
@@ -558,6 +595,7 @@ fn compile_limit(
         path,
         stat_path,
         standalone: false,
+        overridden: false,
     }
 }
 

@@ -190,6 +190,9 @@ impl Server {
         for unmatched in limiter.reloader().rules().unmatched_route_keys() {
             tracing::warn!("{unmatched}");
         }
+        // The shared overrides are read before anything answers, so a restarted instance
+        // enforces them from its first request.
+        lifecycle.follow_overrides(&limiter).await;
         // The two ports every service has, bound before anything answers on either.
         let http = lifecycle::bind(options.http_addr).await?;
         let grpc = lifecycle::bind(options.grpc_addr).await?;

@@ -69,9 +69,9 @@ impl Limiter {
         };
         match rule.metric_label(&request.descriptors[check.descriptor]) {
             Some(label) => self.metrics.decision(&request.domain, &label, outcome),
-            // A rule made for the request is not the rule set's: its counter is found by its
-            // labels, not cached by its address.
-            None if rule.is_standalone() => {
+            // A rule made for the request, or a rule under a runtime override, is not the rule
+            // set's: its counter is found by its labels, not cached by its address.
+            None if rule.is_standalone() || rule.is_overridden() => {
                 self.metrics
                     .decision(&request.domain, rule.label(), outcome);
             }

@@ -12,6 +12,7 @@ use sluice_rules::{
     Action, LimitConfig, Location, MatchedCheck, Matches, OnStoreError, Rule, RuleSet,
 };
 
+use crate::overrides::Overrides;
 use crate::request::{LimitOverride, LimitRequest, RequestDescriptor};
 
 /// The checks one request makes, before the store is asked.
@@ -26,13 +27,20 @@ pub(super) struct Plan {
 }
 
 impl Plan {
-    /// The plan of `request` under `rules`.
-    pub(super) fn new(rules: &RuleSet, request: &LimitRequest, quota_mode: bool) -> Plan {
+    /// The plan of `request` under `rules` and the runtime `overrides`. Precedence: a
+    /// descriptor's own Envoy `limit` override, then a runtime override, then the rules.
+    pub(super) fn new(
+        rules: &Arc<RuleSet>,
+        request: &LimitRequest,
+        quota_mode: bool,
+        overrides: &Overrides,
+    ) -> Plan {
         let cost = request.cost.max(1);
         let Matches {
             mut checks,
             unlimited,
         } = rules.checks(&request.domain, &request.descriptors, cost);
+        overrides.apply(rules, &request.domain, &request.descriptors, &mut checks);
         if request
             .descriptors
             .iter()

@@ -126,7 +126,7 @@ impl Limiter {
         };
         request.validate()?;
         let rules = self.rules.rules();
-        let plan = Plan::new(&rules, &request, false);
+        let plan = Plan::new(&rules, &request, false, &self.overrides);
         let (enforced, observed): (Vec<usize>, Vec<usize>) =
             (0..plan.checks.len()).partition(|&i| plan.checks[i].rule.mode.enforces());
 

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use crate::error::{ConfigError, ErrorKind, LoadError, Location};
-use crate::model::DomainConfig;
+use crate::model::{Action, DomainConfig, LimitConfig, OnStoreError};
 use crate::yaml::{self, Node};
 
 mod algorithm;
@@ -43,6 +43,53 @@ pub(crate) fn decode_file(file: &Arc<str>, text: &str) -> Result<DomainConfig, L
     let domain = decoder.domain(&root);
     match domain {
         Some(d) if decoder.errors.is_empty() => Ok(d),
+        _ => {
+            decoder
+                .errors
+                .sort_by_key(|e| (e.location.line, e.location.col));
+            Err(LoadError::new(decoder.errors))
+        }
+    }
+}
+
+/// Reads one limit from `text` (YAML or JSON, such as a rule's `rate_limit` sent to the admin
+/// API), exactly as a rule file's `rate_limit` entry is read: the same keys, any algorithm, and
+/// the same errors, which name `source` as their file. A limit changed at run time replaces a
+/// rule's, so `action` and `on_store_error`, when the text does not state them, are `inherit`'s
+/// (the rule's), as a rule's own are its descriptor's. `unlimited` is refused: an override sets
+/// a limit.
+pub fn decode_limit(
+    source: &Arc<str>,
+    text: &str,
+    inherit: (Option<Action>, Option<OnStoreError>),
+) -> Result<LimitConfig, LoadError> {
+    let root = yaml::parse(source, text)?;
+    let Some(root) = root else {
+        return Err(ConfigError::new(Location::start_of(source.clone()), ErrorKind::Empty).into());
+    };
+    let mut decoder = Decoder {
+        file: source.clone(),
+        errors: Vec::new(),
+    };
+    let inherited = outcome::Inherited {
+        action: inherit.0,
+        on_store_error: inherit.1,
+    };
+    let entry = decoder.limit("rate_limit", &root, &inherited, false);
+    match entry {
+        Some(limit::LimitEntry::Limit(l)) if decoder.errors.is_empty() => Ok(l),
+        Some(limit::LimitEntry::Unlimited(at)) if decoder.errors.is_empty() => {
+            Err(ConfigError::new(
+                at,
+                ErrorKind::Invalid {
+                    field: "unlimited".to_owned(),
+                    value: "true".to_owned(),
+                    reason: "an override sets a limit; to lift one, set a high limit or \
+                             remove the rule",
+                },
+            )
+            .into())
+        }
         _ => {
             decoder
                 .errors

@@ -1,0 +1,238 @@
+//! Runtime overrides across three `sluice serve` processes sharing one Redis, or a real
+//! 3-master Cluster: an override set on one instance is enforced by the others within a
+//! second, a restarted instance enforces it from its first request, a rule reload keeps it, an
+//! expiry gives the rule its limit back everywhere, and concurrent `PUT`s end on one value on
+//! every instance. Real processes, a real `redis-server`, real HTTP.
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use sluice_redis::testing::{RedisCluster, RedisServer, unique_prefix};
+use sluice_test_support::wait::{eventually, eventually_within};
+use sluice_test_support::{ServeProcess, rules_file};
+
+const RULES: &str = "
+domain: plans
+descriptors:
+  - key: tenant
+    rate_limit: {name: per_tenant, unit: hour, requests_per_unit: 50}
+";
+
+/// How soon every instance must enforce a change made on one of them.
+const WITHIN: Duration = Duration::from_secs(1);
+
+fn start(rules: &Path, store: &str, prefix: &str) -> ServeProcess {
+    ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--store", store, "--store-prefix", prefix])
+        .args(["--store-timeout-ms", "5000"])
+        .config(rules)
+        .start()
+}
+
+/// The limit `url` enforces on `tenant`, by a look that consumes nothing.
+async fn limit(client: &reqwest::Client, url: &str, tenant: &str) -> u64 {
+    let look = json!({"domain": "plans", "descriptors": [
+        {"entries": [{"key": "tenant", "value": tenant}], "cost": 0}
+    ]});
+    let r: Value = client
+        .post(format!("{url}/v1/check"))
+        .json(&look)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    r["descriptors"][0]["limits"][0]["limit"].as_u64().unwrap()
+}
+
+async fn put(client: &reqwest::Client, url: &str, tenant: &str, body: Value) -> Value {
+    let mut body = body;
+    body["descriptor"] = json!([{"key": "tenant", "value": tenant}]);
+    let r = client
+        .put(format!("{url}/v1/overrides/plans"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+/// Waits until every one of `urls` enforces `expected` on `tenant`, at most `within`.
+async fn all_enforce(
+    client: &reqwest::Client,
+    urls: &[String],
+    tenant: &str,
+    expected: u64,
+    within: Duration,
+) {
+    for url in urls {
+        eventually_within(
+            &format!("{url} enforces {expected} on {tenant}"),
+            within,
+            || async move {
+                let seen = limit(client, url, tenant).await;
+                if seen == expected {
+                    Ok(())
+                } else {
+                    Err(format!("limit {seen}"))
+                }
+            },
+        )
+        .await;
+    }
+}
+
+/// `at` in RFC 3339, UTC, to the second.
+fn rfc3339(at: SystemTime) -> String {
+    let secs = at.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let days = i64::try_from(secs / 86_400).unwrap();
+    let rem = secs % 86_400;
+    // The civil date from days since 1970 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+async fn shared_overrides(store: &str) {
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
+    let prefix = unique_prefix();
+    let mut instances: Vec<ServeProcess> = (0..3).map(|_| start(&rules, store, &prefix)).collect();
+    let urls: Vec<String> = instances
+        .iter()
+        .map(|i| format!("http://{}", i.http()))
+        .collect();
+    let client = sluice_testing::long_lived_client();
+    assert_eq!(limit(&client, &urls[1], "acme").await, 50);
+
+    // Set on the first, enforced by the other two within a second of the answer.
+    let set = put(
+        &client,
+        &urls[0],
+        "acme",
+        json!({"rate_limit": {"unit": "hour", "requests_per_unit": 5000}}),
+    )
+    .await;
+    let answered = Instant::now();
+    assert_eq!(set["after"]["status"], "applied", "{set}");
+    assert_eq!(set["scope"], "shared by every instance on the store");
+    all_enforce(&client, &urls[1..], "acme", 5000, WITHIN).await;
+    assert!(answered.elapsed() <= WITHIN, "{:?}", answered.elapsed());
+    assert_eq!(limit(&client, &urls[0], "acme").await, 5000);
+    assert_eq!(limit(&client, &urls[2], "beta").await, 50);
+    let listed: Value = client
+        .get(format!("{}/v1/overrides/plans", urls[2]))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["overrides"][0]["set_by"], "127.0.0.1 (loopback)");
+    assert_eq!(listed["overrides"][0]["rule"], "per_tenant");
+
+    // A restarted instance enforces it from its first request.
+    instances[2].terminate();
+    instances[2] = start(&rules, store, &prefix);
+    let restarted = format!("http://{}", instances[2].http());
+    assert_eq!(limit(&client, &restarted, "acme").await, 5000);
+    let urls = [urls[0].clone(), urls[1].clone(), restarted];
+
+    // A reload of the rules keeps it; the rule's new limit holds for the others.
+    std::fs::write(
+        &rules,
+        RULES.replace("requests_per_unit: 50", "requests_per_unit: 70"),
+    )
+    .unwrap();
+    all_enforce(&client, &urls, "beta", 70, Duration::from_secs(20)).await;
+    all_enforce(&client, &urls, "acme", 5000, WITHIN).await;
+
+    // Concurrent PUTs from every instance: one value ends on all of them.
+    let puts: Vec<_> = (0..12u64)
+        .map(|i| {
+            let (client, url) = (client.clone(), urls[(i % 3) as usize].clone());
+            tokio::spawn(async move {
+                let body = json!({"rate_limit": {"unit": "hour", "requests_per_unit": 1000 + i}});
+                put(&client, &url, "acme", body).await
+            })
+        })
+        .collect();
+    for p in puts {
+        p.await.unwrap();
+    }
+    let first = &urls[0];
+    let settled = eventually("the instances agree on acme's limit", || async {
+        let mut seen = Vec::new();
+        for url in &urls {
+            seen.push(limit(&client, url, "acme").await);
+        }
+        if seen.iter().all(|&s| s == seen[0]) && (1000..1012).contains(&seen[0]) {
+            Ok(seen[0])
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await;
+    let listed: Value = client
+        .get(format!("{first}/v1/overrides/plans"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed["overrides"][0]["rate_limit"]["requests_per_unit"],
+        settled
+    );
+
+    // An expiry a few seconds ahead: the rule's limit comes back on every instance.
+    let expires = rfc3339(SystemTime::now() + Duration::from_secs(3));
+    put(
+        &client,
+        &urls[1],
+        "short",
+        json!({"rate_limit": {"unit": "hour", "requests_per_unit": 900}, "expires": expires}),
+    )
+    .await;
+    all_enforce(&client, &urls, "short", 900, WITHIN).await;
+    all_enforce(&client, &urls, "short", 70, Duration::from_secs(20)).await;
+
+    // Removed on one, gone from all.
+    let r = client
+        .delete(format!("{}/v1/overrides/plans", urls[2]))
+        .json(&json!({"descriptor": [{"key": "tenant", "value": "acme"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    all_enforce(&client, &urls, "acme", 70, WITHIN).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_one_redis_share_overrides() {
+    let redis = RedisServer::start();
+    shared_overrides(&redis.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_a_cluster_share_overrides() {
+    let cluster = RedisCluster::start();
+    shared_overrides(&cluster.url()).await;
+}
