@@ -45,6 +45,10 @@ pub(crate) struct Entry {
     pub(crate) doubt: Vec<(u64, Timestamp, u64)>,
 }
 
+/// A key is near its limit, and sent at every sync it has units to push, once this fraction
+/// of its limit (one in four) is used.
+const NEAR_LIMIT: u64 = 4;
+
 /// The most batches in doubt a key keeps apart: beyond them, the oldest two are merged under
 /// the newer tag, which may count the older again (more, never less).
 const DOUBT_BATCHES: usize = 4;
@@ -142,6 +146,50 @@ impl Entry {
     /// Whether the entry can go: nothing left to push, and its counter full again.
     pub(crate) fn spent(&self, now: Timestamp) -> bool {
         self.pending.is_empty() && self.doubt.is_empty() && self.expires <= now
+    }
+
+    /// Whether the entry can go with its pending units unsent, because they no longer weigh on
+    /// anything: its counter is full again by `now`, with them on it. For a window that means
+    /// its window has ended, and Redis would drop them anyway (see `sync.lua`). For a bucket it
+    /// means they have refilled, which the state of a lone instance knows exactly; among several
+    /// instances the state lacks what the others admitted since the last sync, over which the
+    /// units would still lie in Redis, so a bucket's units are sent then.
+    pub(crate) fn outlived(&self, now: Timestamp, alone: bool) -> bool {
+        self.doubt.is_empty()
+            && self.expires <= now
+            && (alone || !is_bucket(self.policy.algorithm()))
+    }
+
+    /// Whether the sync at `now` must send this key, which has units to push or was asked for
+    /// since its last sync: the rule that lets a cold key's units wait (`docs/hybrid-store.md`,
+    /// "Which keys a sync sends"). A key is sent when any of these holds:
+    ///
+    /// - it has units in doubt, which are retried at every sync;
+    /// - this instance has never synced it: among several instances it is admitting on an
+    ///   unreserved first share, which only a sync turns into a claim;
+    /// - its renewal is due (`renew_at`): among several instances, its claim in Redis must be
+    ///   renewed, with its units pushed, before it expires; alone, its units wait at most a
+    ///   claim's time to live;
+    /// - among several instances, its allowance is short: less than twice what it was asked
+    ///   for since its last sync, so that it could run out before the next;
+    /// - it is near its limit: a quarter of it or more is used, as far as this instance knows,
+    ///   so the other instances' usage matters to its decisions.
+    ///
+    /// Otherwise its units wait. That keeps the bound: every unit an instance admits among
+    /// several is inside its claim, which every other instance's grant sets aside whether or
+    /// not the unit has been pushed, and the claim outlives the wait (renewal comes at a quarter
+    /// of its time to live).
+    pub(crate) fn due(&self, now: Timestamp, alone: bool) -> bool {
+        if !self.doubt.is_empty() || self.known.is_none() || now >= self.renew_at {
+            return true;
+        }
+        if !alone && self.allowance_at(now) < self.wanted.saturating_mul(2) {
+            return true;
+        }
+        let limit = self.policy.limit();
+        decide(&self.policy, Some(&self.state), now, 0).is_some_and(|(_, d)| {
+            limit.saturating_sub(d.remaining).saturating_mul(NEAR_LIMIT) >= limit
+        })
     }
 
     /// Units not yet known to be in Redis: pending, and in doubt.

@@ -84,6 +84,9 @@ struct Inner<C> {
     last_beat: AtomicU64,
     /// Sync attempts so far, which number the units each first sends (see `sync.lua`).
     attempts: AtomicU64,
+    /// Whether the last sync counted this instance alone: lone instances keep units unsent
+    /// longer, and send them all once another instance is live.
+    synced_alone: std::sync::atomic::AtomicBool,
 }
 
 impl<C: Clock> std::fmt::Debug for HybridStore<C> {
@@ -125,6 +128,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 instances: AtomicU64::new(1),
                 last_beat: AtomicU64::new(0),
                 attempts: AtomicU64::new(0),
+                synced_alone: std::sync::atomic::AtomicBool::new(true),
             }),
         }
     }

@@ -41,23 +41,36 @@ impl<C: Clock + 'static> HybridStore<C> {
         // ran with this instance's claim on each key.
         let attempt = inner.attempts.fetch_add(1, Ordering::Relaxed) + 1;
         let mut entries: Vec<SyncEntry> = Vec::new();
+        // A lone instance needs no claims; once others join, every key it kept unsent is sent
+        // at this sync, so that the others' grants count its units.
+        let alone = self.alone();
+        let joined = inner.synced_alone.swap(alone, Ordering::Relaxed) && !alone;
         {
             let mut keys = lock(&inner.keys);
             // One pass: entries with nothing to push whose counter is full again go, the others
             // are listed.
             keys.retain(|key, e| {
-                if e.spent(now) {
+                if e.spent(now) || e.outlived(now, alone) {
                     return false;
+                }
+                if joined {
+                    e.renew_at = Timestamp::EPOCH;
                 }
                 // A key with nothing to push is read if it was asked for since the last sync,
                 // and otherwise only every quarter of a claim's time to live, to renew its
                 // claim: a key that sees a request now and then costs Redis a few reads a
-                // second, not one every interval. A key in the negative cache is not read.
+                // second, not one every interval. A key in the negative cache is not read, nor,
+                // by a lone instance, a key it has read once (it has no claim to renew).
                 let idle = e.wanted == 0 && now < e.renew_at;
-                if e.pending.is_empty() && e.doubt.is_empty() && (e.quiet_until > now || idle) {
+                let nothing = e.pending.is_empty() && e.doubt.is_empty();
+                if nothing && (e.quiet_until > now || idle || (alone && e.known.is_some())) {
                     return true;
                 }
-                e.renew_at = now.saturating_add(ttl / 4);
+                // A key far from its limit, within its claim, keeps its units for a later sync.
+                if !e.due(now, alone) {
+                    return true;
+                }
+                e.renew_at = now.saturating_add(if alone { ttl } else { ttl / 4 });
                 // Of its allowance, the instance keeps twice what this key was asked for since
                 // the last sync, for the requests it admits while this one is on its way (which
                 // may take longer than the last); the rest is given back. It asks for as much
