@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_core::{Decision, Policy, Timestamp};
 
-use crate::local::{Local, add_units, decide, is_bucket, window_end};
+use crate::local::{Local, add_units, decide, give_back, is_bucket, window_end};
 use crate::sync::Floor;
 
 /// One key's entry: its local state, and what it owes the global count.
@@ -43,6 +43,12 @@ pub(crate) struct Entry {
     /// its window as in `pending`. Sent again with that tag, which Redis compares with the last
     /// attempt of this instance it ran on the key, so that a batch is counted once.
     pub(crate) doubt: Vec<(u64, Timestamp, u64)>,
+    /// Units given back here (a settled reservation, a refund) and not yet sent: each with the
+    /// end of the window they were taken in (for the buckets: when they were given back) and
+    /// when they were taken. Sent by the next sync as negative units, and laid again over the
+    /// global state a sync brings back while they are on their way. Never sent twice: a sync
+    /// that fails drops them, and the units stay counted.
+    pub(crate) refunds: Vec<(Timestamp, u64, Timestamp)>,
 }
 
 /// A key is near its limit, and sent at every sync it has units to push, once this fraction
@@ -124,6 +130,27 @@ impl Entry {
         }
     }
 
+    /// Gives back `units` taken at `taken_at`, in the window ending at `end` (for a bucket: any
+    /// time), at `now`: on the local state at once, and to the global count with the next sync.
+    pub(crate) fn give_back(
+        &mut self,
+        units: u64,
+        end: Timestamp,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) {
+        if units == 0 {
+            return;
+        }
+        give_back(&self.policy, &mut self.state, units, taken_at, now);
+        let end = if is_bucket(self.policy.algorithm()) {
+            now
+        } else {
+            end
+        };
+        self.refunds.push((end, units, taken_at));
+    }
+
     /// Keeps `units` of the window ending at `end` that attempt `tag` first sent and that a
     /// failed sync leaves in doubt.
     pub(crate) fn add_doubt(&mut self, tag: u64, end: Timestamp, units: u64) {
@@ -143,9 +170,12 @@ impl Entry {
         }
     }
 
-    /// Whether the entry can go: nothing left to push, and its counter full again.
+    /// Whether the entry can go: nothing left to push or give back, and its counter full again.
     pub(crate) fn spent(&self, now: Timestamp) -> bool {
-        self.pending.is_empty() && self.doubt.is_empty() && self.expires <= now
+        self.pending.is_empty()
+            && self.doubt.is_empty()
+            && self.refunds.is_empty()
+            && self.expires <= now
     }
 
     /// Whether the entry can go with its pending units unsent, because they no longer weigh on
@@ -180,7 +210,11 @@ impl Entry {
     /// not the unit has been pushed, and the claim outlives the wait (renewal comes at a quarter
     /// of its time to live).
     pub(crate) fn due(&self, now: Timestamp, alone: bool) -> bool {
-        if !self.doubt.is_empty() || self.known.is_none() || now >= self.renew_at {
+        if !self.doubt.is_empty()
+            || !self.refunds.is_empty()
+            || self.known.is_none()
+            || now >= self.renew_at
+        {
             return true;
         }
         if !alone && self.allowance_at(now) < self.wanted.saturating_mul(2) {
@@ -221,6 +255,7 @@ impl Entry {
             renew_at: Timestamp::EPOCH,
             known: None,
             doubt: Vec::new(),
+            refunds: Vec::new(),
         }
     }
 }

@@ -35,6 +35,7 @@ mod check;
 mod entry;
 mod local;
 mod options;
+mod reservations;
 mod share;
 mod stats;
 pub mod sync;
@@ -167,6 +168,30 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
     /// Every decision is local, so a single check never waits: no future, no box.
     fn check_now(&self, check: Check<'_>) -> Option<StoreResult<Decision>> {
         Some(self.check_one(&check))
+    }
+
+    /// Decided here like a check of the amount; the record goes to Redis, so that any instance
+    /// can settle it (`reservations.rs`).
+    async fn reserve(
+        &self,
+        checks: &[Check<'_>],
+        lease: sluice_core::Lease<'_>,
+    ) -> StoreResult<Vec<Decision>> {
+        self.reserve_here(checks, lease).await
+    }
+
+    /// Claimed in Redis, once for all instances; what it gives back or charges goes to the
+    /// others with the sync.
+    async fn settle(
+        &self,
+        id: &sluice_core::ReservationId,
+        used: u64,
+    ) -> StoreResult<sluice_core::Settlement> {
+        self.settle_here(id, used).await
+    }
+
+    async fn refund(&self, refunds: &[sluice_core::Refund<'_>]) -> StoreResult<Vec<Decision>> {
+        self.refund_here(refunds)
     }
 
     /// Decides locally, like a check. A key this instance has not seen yet is registered, so

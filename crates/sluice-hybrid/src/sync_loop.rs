@@ -62,7 +62,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 // second, not one every interval. A key in the negative cache is not read, nor,
                 // by a lone instance, a key it has read once (it has no claim to renew).
                 let idle = e.wanted == 0 && now < e.renew_at;
-                let nothing = e.pending.is_empty() && e.doubt.is_empty();
+                let nothing = e.pending.is_empty() && e.doubt.is_empty() && e.refunds.is_empty();
                 if nothing && (e.quiet_until > now || idle || (alone && e.known.is_some())) {
                     return true;
                 }
@@ -80,11 +80,12 @@ impl<C: Clock + 'static> HybridStore<C> {
                 e.allowance = keep;
                 e.wanted = 0;
                 let share = self.share(e.policy.limit()).min(e.policy.limit());
-                if e.pending.is_empty() && e.doubt.is_empty() {
+                if nothing {
                     entries.push(SyncEntry {
                         key: key.clone(),
                         policy: e.policy.clone(),
                         units: 0,
+                        refund: 0,
                         to_end_nanos: 0,
                         keep,
                         want,
@@ -101,12 +102,25 @@ impl<C: Clock + 'static> HybridStore<C> {
                     .drain(..)
                     .map(|(end, units)| (attempt, end, units));
                 let batches: Vec<(u64, Timestamp, u64)> = e.doubt.drain(..).chain(fresh).collect();
-                for (tag, end, units) in batches {
+                // Then what was given back, each refund an entry of its own, after the units
+                // (a key's last entry is its latest state).
+                let given: Vec<(u64, Timestamp, u64)> = e
+                    .refunds
+                    .drain(..)
+                    .map(|(end, units, _)| (attempt, end, units))
+                    .collect();
+                let signed = batches
+                    .into_iter()
+                    .map(|b| (b, false))
+                    .chain(given.into_iter().map(|b| (b, true)));
+                for ((tag, end, units), back) in signed {
                     let to_end = i128::from(end.as_nanos()) - i128::from(now.as_nanos());
+                    let (units, refund) = if back { (0, units) } else { (units, 0) };
                     entries.push(SyncEntry {
                         key: key.clone(),
                         policy: e.policy.clone(),
                         units,
+                        refund,
                         to_end_nanos: i64::try_from(to_end).unwrap_or(i64::MIN),
                         keep,
                         want,
@@ -166,7 +180,9 @@ impl<C: Clock + 'static> HybridStore<C> {
                 inner.away.store(true, Ordering::Relaxed);
                 // Redis may have run the calls (one that timed out may still run): their units
                 // are in doubt, sent again under the attempt that first sent them, which Redis
-                // counts only if it has not run that attempt or a later one on the key.
+                // counts only if it has not run that attempt or a later one on the key. Units
+                // given back are not sent again: they stay counted (more, never less), and the
+                // next sync's global state takes them off the local state too.
                 let mut keys = lock(&inner.keys);
                 for s in entries.into_iter().filter(|s| s.units > 0) {
                     let Some(entry) = keys.get_mut(&s.key) else {
