@@ -11,6 +11,8 @@
 //! `sync_loop.rs` sends every interval's units with the wire of [`sync`] (`sync.lua`, one call
 //! per Cluster slot), and `apply.rs` lays the reply under the keys; a reset leaves the marker of
 //! `reset.lua`; `options.rs` and `stats.rs` hold what a store URL sets and what metrics read.
+//! `reservations.rs` holds reservations: decided here, recorded and claimed in Redis
+//! (`record.lua`, `claim.lua`), their refunds carried by the sync.
 //!
 //! ```no_run
 //! use sluice_core::{Check, Gcra, Policy, Rate, Store};

@@ -53,8 +53,8 @@
 --
 -- Units given back (a settled reservation, a refund) come as negative units: taken from the
 -- window they name (or a bucket's backlog), never below zero, and never from a later window.
--- Since a count then goes down, the key takes a new birth (`born`, now), so that floors read
--- before the refund, which would raise it back, no longer match it.
+-- Since a count then goes down, the key takes a new birth (`born`: now, and after the one it
+-- had), so that floors read before the refund, which would raise it back, no longer match it.
 --
 -- Units belong to the window they were counted in, never to the next: a unit whose window is
 -- neither Redis's current window nor (sliding counter) the one before it is dropped, since the
@@ -113,6 +113,10 @@ local until_text = ' ' .. int(ms + ttl)
 -- as a new key's birth, and each time to live, which most keys of a policy share.
 local ms_text, px_text = int(ms), {}
 local S_us = S * 1000000
+
+-- The birth a key takes when a refund lowers it: now, and always after the birth it had, so
+-- that a floor read between two refunds in one millisecond does not match the second.
+local function reborn(born) return int(math.max(ms, (tonumber(born) or 0) + 1)) end
 
 -- A time relative to S in whole microseconds since the epoch, rounded down: a floor's `at`.
 local function micros(t) return S_us + floor_div(t, 1000) end
@@ -293,7 +297,7 @@ for i = 1, nk do
         count = count + units
       end
     elseif units < 0 and cur_end and math.abs(now + to_end - cur_end) * 2 < W then
-      count, born = math.max(count + units, 0), ms_text
+      count, born = math.max(count + units, 0), reborn(born)
     end
     if cur_end then
       local g, claims = claim(count, born, held, others, n, limit, keep, want, share_of[p],
@@ -347,9 +351,9 @@ for i = 1, nk do
     elseif units < 0 then
       local d_end = now + to_end
       if math.abs(d_end - (start + W)) * 2 < W then
-        cur, born = math.max(cur + units, 0), ms_text
+        cur, born = math.max(cur + units, 0), reborn(born)
       elseif math.abs(d_end - start) * 2 < W then
-        prev, born = math.max(prev + units, 0), ms_text
+        prev, born = math.max(prev + units, 0), reborn(born)
       end
     end
     -- The previous window counts for the part of it still inside the sliding window, rounded
@@ -382,7 +386,7 @@ for i = 1, nk do
       tat = tat + mul_div(units, a, b, true)
     elseif units < 0 then
       -- Given back: each unit's share of the period, rounded down (never more than taken).
-      tat, born = tat - mul_div(-units, a, b, false), ms_text
+      tat, born = tat - mul_div(-units, a, b, false), reborn(born)
     end
     if tat < now then tat = now end
     -- One unit takes a / b ns to refill, so the backlog holds backlog * b / a units.

@@ -274,3 +274,43 @@ async fn a_refund_reaches_every_instance() {
         );
     }
 }
+
+/// Two refunds in a row, with an instance reading the key between them (most likely in the same
+/// millisecond of Redis time): the floor that instance read after the first refund does not
+/// raise the key back over the second, since each refund gives the key a later birth.
+#[tokio::test]
+async fn a_floor_read_between_two_refunds_does_not_undo_the_second() {
+    let server = RedisServer::start();
+    let (clock, stores) = instances(server.port, 2).await;
+    for p in held() {
+        let key = format!("twice:{p:?}");
+        let first = reserve(&stores[0], &key, &p, 10).await.expect("admitted");
+        let second = reserve(&stores[0], &key, &p, 10).await.expect("admitted");
+        assert_eq!(
+            left(&clock, &stores, &key, &p).await,
+            [80, 80],
+            "{}",
+            p.algorithm()
+        );
+        // A request the limit refuses makes an instance read the key at its next sync.
+        let read = |s: &HybridStore<FakeClock>| {
+            let (s, key, p) = (s.clone(), key.clone(), p.clone());
+            async move {
+                s.check(&[Check::new(&key, &p, 1000)]).await.unwrap();
+                s.sync_now().await.unwrap();
+            }
+        };
+        stores[1].settle(&first, 4).await.unwrap();
+        read(&stores[1]).await;
+        read(&stores[0]).await;
+        stores[1].settle(&second, 4).await.unwrap();
+        read(&stores[1]).await;
+        read(&stores[0]).await;
+        assert_eq!(
+            left(&clock, &stores, &key, &p).await,
+            [92, 92],
+            "{}",
+            p.algorithm()
+        );
+    }
+}
