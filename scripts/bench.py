@@ -54,8 +54,8 @@
   tokens (uniform, seeded; 500 declared), 10,000 calls in all, more than the budget holds, on a
   fresh descriptor per run. Check-then-report (Envoy's flow on `/json`: `hits_addend` 0, then
   the amount used) against reserve-then-settle (`/v1/reserve` 500, `/v1/settle` the amount
-  used), on the memory store, on Redis (one instance) and on 3 instances sharing one Redis
-  (workers round robin over them): tokens admitted beyond the budget (used by admitted calls
+  used), on the memory store, on Redis (one instance), on 3 instances sharing one Redis and on
+  3 instances of the hybrid store over one Redis (workers round robin over them): tokens admitted beyond the budget (used by admitted calls
   minus 100,000) and, for reservations, refunds answered against refunds expected, as medians
   of --runs runs. Runs never cross an hour's boundary (the script waits). Then the CPU of a
   reserve plus a settle against one `/v1/check`, on the memory store, the server on CPU 0 and
@@ -1233,10 +1233,13 @@ def usage(tmp, runs, secs):
     # 50 ms store timeout, after which on_store_error would decide instead of the store.
     store = ["--store", f"redis://127.0.0.1:{redis_port}", "--store-prefix", "usage",
              "--store-timeout-ms", "5000"]
+    hybrid_store = ["--store", f"hybrid+redis://127.0.0.1:{redis_port}", "--store-prefix",
+                    "usage-hybrid", "--store-timeout-ms", "5000"]
     memory = start_serve(tmp, log, rules=rules)[0]
     shared = [start_serve(tmp, log, *store, rules=rules)[0] for _ in range(3)]
+    hybrid = [start_serve(tmp, log, *hybrid_store, rules=rules)[0] for _ in range(3)]
     setups = [("memory", [memory]), ("Redis, 1 instance", shared[:1]),
-              ("Redis, 3 instances", shared)]
+              ("Redis, 3 instances", shared), ("hybrid, 3 instances", hybrid)]
     results = {}
     for i in range(runs):
         for name, ports in setups:

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use sluice_core::{Clock, Decision, Timestamp};
 
 use crate::entry::Entry;
-use crate::local::{add_units, decide, from_global, over_limit};
+use crate::local::{add_units, decide, from_global, give_back, over_limit};
 use crate::sync::{SyncEntry, Synced};
 use crate::{HybridStore, lock};
 
@@ -87,6 +87,10 @@ impl<C: Clock + 'static> HybridStore<C> {
         };
         for &(end, units) in &entry.pending {
             add_units(&entry.policy, &mut state, end, units, now);
+        }
+        // What was given back here while the sync was on its way.
+        for &(_, units, taken_at) in &entry.refunds {
+            give_back(&entry.policy, &mut state, units, taken_at, now);
         }
         entry.state = state;
         // What Redis held after this sync, the floor of the next: already raised to the last

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_core::{Decision, Policy, Timestamp};
 
-use crate::local::{Local, add_units, decide, is_bucket, window_end};
+use crate::local::{Local, add_units, decide, give_back, is_bucket, window_end};
 use crate::sync::Floor;
 
 /// One key's entry: its local state, and what it owes the global count.
@@ -43,7 +43,17 @@ pub(crate) struct Entry {
     /// its window as in `pending`. Sent again with that tag, which Redis compares with the last
     /// attempt of this instance it ran on the key, so that a batch is counted once.
     pub(crate) doubt: Vec<(u64, Timestamp, u64)>,
+    /// Units given back here (a settled reservation, a refund) and not yet sent: each with the
+    /// end of the window they were taken in (for the buckets: when they were given back) and
+    /// when they were taken. Sent by the next sync as negative units, and laid again over the
+    /// global state a sync brings back while they are on their way. Never sent twice: a sync
+    /// that fails drops them, and the units stay counted.
+    pub(crate) refunds: Vec<(Timestamp, u64, Timestamp)>,
 }
+
+/// A key is near its limit, and sent at every sync it has units to push, once this fraction
+/// of its limit (one in four) is used.
+const NEAR_LIMIT: u64 = 4;
 
 /// The most batches in doubt a key keeps apart: beyond them, the oldest two are merged under
 /// the newer tag, which may count the older again (more, never less).
@@ -120,6 +130,27 @@ impl Entry {
         }
     }
 
+    /// Gives back `units` taken at `taken_at`, in the window ending at `end` (for a bucket: any
+    /// time), at `now`: on the local state at once, and to the global count with the next sync.
+    pub(crate) fn give_back(
+        &mut self,
+        units: u64,
+        end: Timestamp,
+        taken_at: Timestamp,
+        now: Timestamp,
+    ) {
+        if units == 0 {
+            return;
+        }
+        give_back(&self.policy, &mut self.state, units, taken_at, now);
+        let end = if is_bucket(self.policy.algorithm()) {
+            now
+        } else {
+            end
+        };
+        self.refunds.push((end, units, taken_at));
+    }
+
     /// Keeps `units` of the window ending at `end` that attempt `tag` first sent and that a
     /// failed sync leaves in doubt.
     pub(crate) fn add_doubt(&mut self, tag: u64, end: Timestamp, units: u64) {
@@ -139,9 +170,60 @@ impl Entry {
         }
     }
 
-    /// Whether the entry can go: nothing left to push, and its counter full again.
+    /// Whether the entry can go: nothing left to push or give back, and its counter full again.
     pub(crate) fn spent(&self, now: Timestamp) -> bool {
-        self.pending.is_empty() && self.doubt.is_empty() && self.expires <= now
+        self.pending.is_empty()
+            && self.doubt.is_empty()
+            && self.refunds.is_empty()
+            && self.expires <= now
+    }
+
+    /// Whether the entry can go with its pending units unsent, because they no longer weigh on
+    /// anything: its counter is full again by `now`, with them on it. For a window that means
+    /// its window has ended, and Redis would drop them anyway (see `sync.lua`). For a bucket it
+    /// means they have refilled, which the state of a lone instance knows exactly; among several
+    /// instances the state lacks what the others admitted since the last sync, over which the
+    /// units would still lie in Redis, so a bucket's units are sent then.
+    pub(crate) fn outlived(&self, now: Timestamp, alone: bool) -> bool {
+        self.doubt.is_empty()
+            && self.expires <= now
+            && (alone || !is_bucket(self.policy.algorithm()))
+    }
+
+    /// Whether the sync at `now` must send this key, which has units to push or was asked for
+    /// since its last sync: the rule that lets a cold key's units wait (`docs/hybrid-store.md`,
+    /// "Which keys a sync sends"). A key is sent when any of these holds:
+    ///
+    /// - it has units in doubt, which are retried at every sync;
+    /// - this instance has never synced it: among several instances it is admitting on an
+    ///   unreserved first share, which only a sync turns into a claim;
+    /// - its renewal is due (`renew_at`): among several instances, its claim in Redis must be
+    ///   renewed, with its units pushed, before it expires; alone, its units wait at most a
+    ///   claim's time to live;
+    /// - among several instances, its allowance is short: less than twice what it was asked
+    ///   for since its last sync, so that it could run out before the next;
+    /// - it is near its limit: a quarter of it or more is used, as far as this instance knows,
+    ///   so the other instances' usage matters to its decisions.
+    ///
+    /// Otherwise its units wait. That keeps the bound: every unit an instance admits among
+    /// several is inside its claim, which every other instance's grant sets aside whether or
+    /// not the unit has been pushed, and the claim outlives the wait (renewal comes at a quarter
+    /// of its time to live).
+    pub(crate) fn due(&self, now: Timestamp, alone: bool) -> bool {
+        if !self.doubt.is_empty()
+            || !self.refunds.is_empty()
+            || self.known.is_none()
+            || now >= self.renew_at
+        {
+            return true;
+        }
+        if !alone && self.allowance_at(now) < self.wanted.saturating_mul(2) {
+            return true;
+        }
+        let limit = self.policy.limit();
+        decide(&self.policy, Some(&self.state), now, 0).is_some_and(|(_, d)| {
+            limit.saturating_sub(d.remaining).saturating_mul(NEAR_LIMIT) >= limit
+        })
     }
 
     /// Units not yet known to be in Redis: pending, and in doubt.
@@ -173,6 +255,7 @@ impl Entry {
             renew_at: Timestamp::EPOCH,
             known: None,
             doubt: Vec::new(),
+            refunds: Vec::new(),
         }
     }
 }

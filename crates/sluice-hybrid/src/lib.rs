@@ -11,6 +11,8 @@
 //! `sync_loop.rs` sends every interval's units with the wire of [`sync`] (`sync.lua`, one call
 //! per Cluster slot), and `apply.rs` lays the reply under the keys; a reset leaves the marker of
 //! `reset.lua`; `options.rs` and `stats.rs` hold what a store URL sets and what metrics read.
+//! `reservations.rs` holds reservations: decided here, recorded and claimed in Redis
+//! (`record.lua`, `claim.lua`), their refunds carried by the sync.
 //!
 //! ```no_run
 //! use sluice_core::{Check, Gcra, Policy, Rate, Store};
@@ -35,6 +37,7 @@ mod check;
 mod entry;
 mod local;
 mod options;
+mod reservations;
 mod share;
 mod stats;
 pub mod sync;
@@ -84,6 +87,9 @@ struct Inner<C> {
     last_beat: AtomicU64,
     /// Sync attempts so far, which number the units each first sends (see `sync.lua`).
     attempts: AtomicU64,
+    /// Whether the last sync counted this instance alone: lone instances keep units unsent
+    /// longer, and send them all once another instance is live.
+    synced_alone: std::sync::atomic::AtomicBool,
 }
 
 impl<C: Clock> std::fmt::Debug for HybridStore<C> {
@@ -125,6 +131,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 instances: AtomicU64::new(1),
                 last_beat: AtomicU64::new(0),
                 attempts: AtomicU64::new(0),
+                synced_alone: std::sync::atomic::AtomicBool::new(true),
             }),
         }
     }
@@ -163,6 +170,30 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
     /// Every decision is local, so a single check never waits: no future, no box.
     fn check_now(&self, check: Check<'_>) -> Option<StoreResult<Decision>> {
         Some(self.check_one(&check))
+    }
+
+    /// Decided here like a check of the amount; the record goes to Redis, so that any instance
+    /// can settle it (`reservations.rs`).
+    async fn reserve(
+        &self,
+        checks: &[Check<'_>],
+        lease: sluice_core::Lease<'_>,
+    ) -> StoreResult<Vec<Decision>> {
+        self.reserve_here(checks, lease).await
+    }
+
+    /// Claimed in Redis, once for all instances; what it gives back or charges goes to the
+    /// others with the sync.
+    async fn settle(
+        &self,
+        id: &sluice_core::ReservationId,
+        used: u64,
+    ) -> StoreResult<sluice_core::Settlement> {
+        self.settle_here(id, used).await
+    }
+
+    async fn refund(&self, refunds: &[sluice_core::Refund<'_>]) -> StoreResult<Vec<Decision>> {
+        self.refund_here(refunds)
     }
 
     /// Decides locally, like a check. A key this instance has not seen yet is registered, so

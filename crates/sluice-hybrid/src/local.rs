@@ -324,6 +324,31 @@ pub(crate) fn add_units(
     }
 }
 
+/// `state` with `units` taken at `taken_at` given back at `now`, as the core algorithm gives
+/// them back (`docs/algorithms.md`, "Refunds and charges"): a window only if it is the one they
+/// were taken from, a bucket never past its capacity.
+pub(crate) fn give_back(
+    policy: &Policy,
+    state: &mut Local,
+    units: u64,
+    taken_at: Timestamp,
+    now: Timestamp,
+) {
+    match (policy, state) {
+        (Policy::FixedWindow(p), Local::FixedWindow(s)) => {
+            *s = p.refund(*s, units, taken_at, now);
+        }
+        (Policy::SlidingCounter(p), Local::SlidingCounter(s)) => {
+            *s = p.refund(*s, units, taken_at, now);
+        }
+        (Policy::TokenBucket(p), Local::TokenBucket(s)) => {
+            *s = p.refund(*s, units, taken_at, now);
+        }
+        (Policy::Gcra(p), Local::Gcra(tat)) => *tat = p.refund(*tat, units, taken_at, now),
+        _ => {}
+    }
+}
+
 /// Units admitted beyond the limit, as the global state shows them: for the over-admission
 /// estimate.
 pub(crate) fn over_limit(policy: &Policy, global: GlobalState) -> u64 {

@@ -22,7 +22,8 @@
 -- ARGV[6 + 6P]: the entries, packed: for each key, in order, ten signed 64-bit little-endian
 -- integers (80 bytes):
 --   p      its policy's number;
---   units  units the instance admitted since its last sync, 0 to only read;
+--   units  units the instance admitted since its last sync, 0 to only read; negative: units
+--          given back;
 --   to_end for the windowed algorithms, ns from the instance's now to the end of the window the
 --          units were counted in (0 or less: a window that has ended); for the buckets, ns from
 --          the instance's now to when the latest of the units was admitted (0 or less);
@@ -49,6 +50,11 @@
 -- starts a key with a new birth) or held under another algorithm. While Redis keeps its data a
 -- floor never raises anything: a key's count in a window and a bucket's theoretical arrival
 -- time only grow.
+--
+-- Units given back (a settled reservation, a refund) come as negative units: taken from the
+-- window they name (or a bucket's backlog), never below zero, and never from a later window.
+-- Since a count then goes down, the key takes a new birth (`born`: now, and after the one it
+-- had), so that floors read before the refund, which would raise it back, no longer match it.
 --
 -- Units belong to the window they were counted in, never to the next: a unit whose window is
 -- neither Redis's current window nor (sliding counter) the one before it is dropped, since the
@@ -107,6 +113,10 @@ local until_text = ' ' .. int(ms + ttl)
 -- as a new key's birth, and each time to live, which most keys of a policy share.
 local ms_text, px_text = int(ms), {}
 local S_us = S * 1000000
+
+-- The birth a key takes when a refund lowers it: now, and always after the birth it had, so
+-- that a floor read between two refunds in one millisecond does not match the second.
+local function reborn(born) return int(math.max(ms, (tonumber(born) or 0) + 1)) end
 
 -- A time relative to S in whole microseconds since the epoch, rounded down: a floor's `at`.
 local function micros(t) return S_us + floor_div(t, 1000) end
@@ -286,6 +296,8 @@ for i = 1, nk do
       elseif math.abs(d_end - cur_end) * 2 < W then
         count = count + units
       end
+    elseif units < 0 and cur_end and math.abs(now + to_end - cur_end) * 2 < W then
+      count, born = math.max(count + units, 0), reborn(born)
     end
     if cur_end then
       local g, claims = claim(count, born, held, others, n, limit, keep, want, share_of[p],
@@ -336,6 +348,13 @@ for i = 1, nk do
       elseif math.abs(d_end - start) * 2 < W then
         prev = prev + units
       end
+    elseif units < 0 then
+      local d_end = now + to_end
+      if math.abs(d_end - (start + W)) * 2 < W then
+        cur, born = math.max(cur + units, 0), reborn(born)
+      elseif math.abs(d_end - start) * 2 < W then
+        prev, born = math.max(prev + units, 0), reborn(born)
+      end
     end
     -- The previous window counts for the part of it still inside the sliding window, rounded
     -- down as the core's estimate is.
@@ -365,6 +384,9 @@ for i = 1, nk do
       local at = now + math.min(to_end, 0)
       if tat < at then tat = at end
       tat = tat + mul_div(units, a, b, true)
+    elseif units < 0 then
+      -- Given back: each unit's share of the period, rounded down (never more than taken).
+      tat, born = tat - mul_div(-units, a, b, false), reborn(born)
     end
     if tat < now then tat = now end
     -- One unit takes a / b ns to refill, so the backlog holds backlog * b / a units.

@@ -34,6 +34,10 @@ pub struct SyncEntry {
     pub policy: Policy,
     /// Units admitted locally since the last successful sync; 0 to only read.
     pub units: u64,
+    /// Units given back locally (a settled reservation, a refund), taken from the window that
+    /// `to_end_nanos` names, or from a bucket's backlog: the count goes down by them, never
+    /// below zero. Sent in an entry of its own, with no `units`.
+    pub refund: u64,
     /// For the windowed algorithms: from the instance's now to the end of the window the units
     /// were counted in, negative once it has ended. Units whose window Redis no longer counts
     /// are dropped, never moved to the next window. For the buckets: from now to when the
@@ -229,7 +233,7 @@ fn call_args(
         });
         let fields = [
             signed(number as u64),
-            signed(e.units),
+            signed(e.units).saturating_sub(signed(e.refund)),
             e.to_end_nanos,
             signed(e.keep),
             signed(e.want),

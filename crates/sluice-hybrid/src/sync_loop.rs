@@ -41,23 +41,36 @@ impl<C: Clock + 'static> HybridStore<C> {
         // ran with this instance's claim on each key.
         let attempt = inner.attempts.fetch_add(1, Ordering::Relaxed) + 1;
         let mut entries: Vec<SyncEntry> = Vec::new();
+        // A lone instance needs no claims; once others join, every key it kept unsent is sent
+        // at this sync, so that the others' grants count its units.
+        let alone = self.alone();
+        let joined = inner.synced_alone.swap(alone, Ordering::Relaxed) && !alone;
         {
             let mut keys = lock(&inner.keys);
             // One pass: entries with nothing to push whose counter is full again go, the others
             // are listed.
             keys.retain(|key, e| {
-                if e.spent(now) {
+                if e.spent(now) || e.outlived(now, alone) {
                     return false;
+                }
+                if joined {
+                    e.renew_at = Timestamp::EPOCH;
                 }
                 // A key with nothing to push is read if it was asked for since the last sync,
                 // and otherwise only every quarter of a claim's time to live, to renew its
                 // claim: a key that sees a request now and then costs Redis a few reads a
-                // second, not one every interval. A key in the negative cache is not read.
+                // second, not one every interval. A key in the negative cache is not read, nor,
+                // by a lone instance, a key it has read once (it has no claim to renew).
                 let idle = e.wanted == 0 && now < e.renew_at;
-                if e.pending.is_empty() && e.doubt.is_empty() && (e.quiet_until > now || idle) {
+                let nothing = e.pending.is_empty() && e.doubt.is_empty() && e.refunds.is_empty();
+                if nothing && (e.quiet_until > now || idle || (alone && e.known.is_some())) {
                     return true;
                 }
-                e.renew_at = now.saturating_add(ttl / 4);
+                // A key far from its limit, within its claim, keeps its units for a later sync.
+                if !e.due(now, alone) {
+                    return true;
+                }
+                e.renew_at = now.saturating_add(if alone { ttl } else { ttl / 4 });
                 // Of its allowance, the instance keeps twice what this key was asked for since
                 // the last sync, for the requests it admits while this one is on its way (which
                 // may take longer than the last); the rest is given back. It asks for as much
@@ -67,11 +80,12 @@ impl<C: Clock + 'static> HybridStore<C> {
                 e.allowance = keep;
                 e.wanted = 0;
                 let share = self.share(e.policy.limit()).min(e.policy.limit());
-                if e.pending.is_empty() && e.doubt.is_empty() {
+                if nothing {
                     entries.push(SyncEntry {
                         key: key.clone(),
                         policy: e.policy.clone(),
                         units: 0,
+                        refund: 0,
                         to_end_nanos: 0,
                         keep,
                         want,
@@ -88,12 +102,25 @@ impl<C: Clock + 'static> HybridStore<C> {
                     .drain(..)
                     .map(|(end, units)| (attempt, end, units));
                 let batches: Vec<(u64, Timestamp, u64)> = e.doubt.drain(..).chain(fresh).collect();
-                for (tag, end, units) in batches {
+                // Then what was given back, each refund an entry of its own, after the units
+                // (a key's last entry is its latest state).
+                let given: Vec<(u64, Timestamp, u64)> = e
+                    .refunds
+                    .drain(..)
+                    .map(|(end, units, _)| (attempt, end, units))
+                    .collect();
+                let signed = batches
+                    .into_iter()
+                    .map(|b| (b, false))
+                    .chain(given.into_iter().map(|b| (b, true)));
+                for ((tag, end, units), back) in signed {
                     let to_end = i128::from(end.as_nanos()) - i128::from(now.as_nanos());
+                    let (units, refund) = if back { (0, units) } else { (units, 0) };
                     entries.push(SyncEntry {
                         key: key.clone(),
                         policy: e.policy.clone(),
                         units,
+                        refund,
                         to_end_nanos: i64::try_from(to_end).unwrap_or(i64::MIN),
                         keep,
                         want,
@@ -153,7 +180,9 @@ impl<C: Clock + 'static> HybridStore<C> {
                 inner.away.store(true, Ordering::Relaxed);
                 // Redis may have run the calls (one that timed out may still run): their units
                 // are in doubt, sent again under the attempt that first sent them, which Redis
-                // counts only if it has not run that attempt or a later one on the key.
+                // counts only if it has not run that attempt or a later one on the key. Units
+                // given back are not sent again: they stay counted (more, never less), and the
+                // next sync's global state takes them off the local state too.
                 let mut keys = lock(&inner.keys);
                 for s in entries.into_iter().filter(|s| s.units > 0) {
                     let Some(entry) = keys.get_mut(&s.key) else {

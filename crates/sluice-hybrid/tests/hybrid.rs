@@ -330,8 +330,8 @@ async fn a_key_over_its_limit_costs_redis_nothing_until_its_reset() {
 }
 
 /// A key that sees no request is not read by every sync, only every quarter of a claim's time
-/// to live (125 ms here), to renew the instance's claim on it; a request makes the next sync
-/// read it again.
+/// to live (125 ms here), to renew the instance's claim on it; a request far from the limit and
+/// within the claim waits for that renewal too.
 #[tokio::test]
 async fn an_idle_key_is_read_only_to_renew_its_claim() {
     let server = RedisServer::start();
@@ -354,7 +354,116 @@ async fn an_idle_key_is_read_only_to_renew_its_claim() {
     assert_eq!(script_calls(&server), before + 2, "and then left alone");
     assert_eq!(admitted(store, "idle", &p, 1).await, 1);
     store.sync_now().await.unwrap();
-    assert_eq!(script_calls(&server), before + 4, "a request makes it read");
+    assert_eq!(script_calls(&server), before + 2, "a cold request waits");
+    advance(&clock, &stores, Duration::from_millis(130));
+    store.sync_now().await.unwrap();
+    assert_eq!(
+        script_calls(&server),
+        before + 4,
+        "and goes with the renewal"
+    );
+}
+
+/// Among several instances, a key far from its limit keeps its units for the renewal of its
+/// claim, and what the instances admit together still never passes the limit: every unit is
+/// inside a claim that the others' grants set aside. A key near its limit, or an allowance that
+/// runs short, is sent at the next sync.
+#[tokio::test]
+async fn cold_units_wait_within_their_claim_and_near_the_limit_they_go_at_once() {
+    let server = RedisServer::start();
+    let (clock, stores) = instances(server.port, 2).await;
+    let p = window_from_first_request(100, 60);
+    let keys: Vec<String> = (0..20).map(|i| format!("cold:{i}")).collect();
+    for key in &keys {
+        warm(&stores, key, &p).await;
+    }
+    // A window that starts at a key's first request: its first units are sent at once, since
+    // the instance had no claim in it; later ones wait.
+    let mut before = 0;
+    for round in 0..4 {
+        advance(&clock, &stores, Duration::from_millis(20));
+        for key in &keys {
+            assert_eq!(admitted(&stores[0], key, &p, 1).await, 1);
+        }
+        stores[0].sync_now().await.unwrap();
+        if round == 0 {
+            before = script_calls(&server);
+        }
+    }
+    assert_eq!(script_calls(&server), before, "cold units wait");
+    // The other instance takes what its claim and the free units allow: the first's claim,
+    // though unsent, is set aside.
+    let taken = take_all(&stores[1..], &keys[0], &p).await;
+    assert!(taken <= 96, "{taken} taken beside 4 unsent");
+    // Near its limit now, as the first instance learns at its renewal: sent at every sync.
+    advance(&clock, &stores, Duration::from_millis(70));
+    stores[0].sync_now().await.unwrap();
+    let total = 4 + taken + take_all(&stores, &keys[0], &p).await;
+    assert_eq!(total, 100, "the limit, no more");
+    stores[0].sync_now().await.unwrap();
+    let sent = script_calls(&server);
+    assert_eq!(admitted(&stores[0], &keys[1], &p, 1).await, 1);
+    stores[0].sync_now().await.unwrap();
+    assert_eq!(script_calls(&server), sent, "a cold request waits");
+    // Asked for more than half its allowance since its last sync: sent at once.
+    assert!(admitted(&stores[0], &keys[2], &p, 45).await > 2);
+    stores[0].sync_now().await.unwrap();
+    assert!(
+        script_calls(&server) > sent,
+        "a short allowance is renewed at once"
+    );
+}
+
+/// A lone instance sends nothing for units that its counter has refilled since (a bucket) or
+/// whose window has ended: they weigh on nothing any more. A key far from its limit waits up to
+/// a claim's time to live; once a second instance is live, everything unsent goes at the next
+/// sync, and the newcomer sees it.
+#[tokio::test]
+async fn a_lone_instance_sends_what_still_weighs_and_everything_when_another_joins() {
+    let server = RedisServer::start();
+    let (clock, stores) = instances(server.port, 2).await;
+    // The second instance stops beating: the first counts itself alone again.
+    advance(&clock, &stores, Duration::from_millis(600));
+    stores[0].sync_now().await.unwrap();
+    advance(&clock, &stores, Duration::from_millis(10));
+    stores[0].sync_now().await.unwrap();
+    assert_eq!(stores[0].stats().instances, 1);
+    let fast: Policy = Gcra::new(Rate::per_second(1000), 1000).unwrap().into();
+    let p = window_from_first_request(100, 60);
+    let before = script_calls(&server);
+    for i in 0..50 {
+        assert_eq!(
+            admitted(&stores[0], &format!("refilled:{i}"), &fast, 1).await,
+            1
+        );
+    }
+    advance(&clock, &stores, Duration::from_millis(20));
+    stores[0].sync_now().await.unwrap();
+    assert_eq!(script_calls(&server), before, "refilled units are not sent");
+    assert_eq!(stores[0].tracked_keys(), Some(0));
+    // A window far from its limit: read once, then its units wait.
+    assert_eq!(admitted(&stores[0], "lone", &p, 3).await, 3);
+    stores[0].sync_now().await.unwrap();
+    let read = script_calls(&server);
+    assert!(read > before);
+    assert_eq!(admitted(&stores[0], "lone", &p, 7).await, 7);
+    advance(&clock, &stores, Duration::from_millis(20));
+    stores[0].sync_now().await.unwrap();
+    assert_eq!(
+        script_calls(&server),
+        read,
+        "far from its limit, alone: units wait"
+    );
+    // The second instance is back: the first learns of it at its next heartbeat, then sends
+    // what it kept.
+    stores[1].sync_now().await.unwrap();
+    advance(&clock, &stores, Duration::from_millis(260));
+    stores[0].sync_now().await.unwrap();
+    assert_eq!(stores[0].stats().instances, 2);
+    stores[0].sync_now().await.unwrap();
+    stores[1].peek("lone", &p).await.unwrap();
+    stores[1].sync_now().await.unwrap();
+    assert_eq!(stores[1].peek("lone", &p).await.unwrap().remaining, 90);
 }
 
 /// Redis is killed: decisions go on locally without an error, syncs fail and keep their units;

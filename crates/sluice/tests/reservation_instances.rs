@@ -1,13 +1,14 @@
-//! Reservations across three `sluice serve` processes sharing one Redis, or a real 3-master
-//! Cluster: concurrent reservations never take more than the budget, each settled on another
-//! instance than the one that made it gives back exactly what was not used, and a second settle
-//! anywhere is refused. Real processes, a real `redis-server`, real HTTP.
+//! Reservations across three `sluice serve` processes sharing one Redis, a real 3-master
+//! Cluster, or one Redis under the hybrid store: concurrent reservations never take more than
+//! the budget, each settled on another instance than the one that made it gives back exactly
+//! what was not used, and a second settle anywhere is refused. Real processes, a real
+//! `redis-server`, real HTTP.
 
 use std::path::Path;
 
 use serde_json::{Value, json};
 use sluice_redis::testing::{RedisCluster, RedisServer, unique_prefix};
-use sluice_test_support::{ServeProcess, rules_file};
+use sluice_test_support::{ServeProcess, eventually, rules_file};
 
 /// A budget of 1,000 units an hour in a window that starts with the first request, and a bucket
 /// of 1,000 that refills one an hour: neither gains a unit while a test runs.
@@ -153,4 +154,109 @@ async fn three_instances_on_one_redis_share_reservations() {
 async fn three_instances_on_a_cluster_share_reservations() {
     let cluster = RedisCluster::start();
     shared_budget(&cluster.url()).await;
+}
+
+/// The hybrid store decides each reservation on the instance that receives it, within that
+/// instance's claim on the limit, so concurrent reservations over three instances never take
+/// more than the budget but may take less (a reservation beyond an instance's claim is refused
+/// until its next sync); each settled on another instance gives back what was not used to every
+/// instance once the syncs carry it, and a second settle anywhere is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_a_hybrid_store_share_reservations() {
+    let redis = RedisServer::start();
+    let store = format!("hybrid+{}", redis.url());
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
+    let prefix = unique_prefix();
+    let instances: Vec<ServeProcess> = (0..3).map(|_| start(&rules, &store, &prefix)).collect();
+    let urls: Vec<String> = instances
+        .iter()
+        .map(|i| format!("http://{}", i.http()))
+        .collect();
+    let client = sluice_testing::long_lived_client();
+
+    for key in ["tenant", "bucket"] {
+        let tasks: Vec<_> = (0..30)
+            .map(|c| {
+                let (client, urls) = (client.clone(), urls.clone());
+                tokio::spawn(async move {
+                    let mut ids = Vec::new();
+                    for i in (c..150).step_by(30) {
+                        let mut reserve = body(key, "acme");
+                        reserve["amount"] = json!(10);
+                        let r = client
+                            .post(format!("{}/v1/reserve", urls[i % 3]))
+                            .json(&reserve)
+                            .send()
+                            .await
+                            .unwrap();
+                        let status = r.status().as_u16();
+                        let answer: Value = r.json().await.unwrap();
+                        match status {
+                            200 => {
+                                ids.push((i, answer["reservation"].as_str().unwrap().to_owned()))
+                            }
+                            429 => assert_eq!(answer["reservation"], Value::Null),
+                            other => panic!("unexpected {other}: {answer}"),
+                        }
+                    }
+                    ids
+                })
+            })
+            .collect();
+        let mut ids = Vec::new();
+        for t in tasks {
+            ids.extend(t.await.unwrap());
+        }
+        let n = ids.len() as u64;
+        // Never beyond the budget; before any sync each instance has a sixth of it unreserved
+        // (half of an even split), 16 reservations of 10.
+        assert!(
+            (48..=100).contains(&n),
+            "{key}: {n} reservations of 10 admitted"
+        );
+
+        // Each settled on the next instance with 4 used: 6 come back from each.
+        for (i, id) in &ids {
+            let settle = json!({"reservation": id, "used": 4});
+            let r = client
+                .post(format!("{}/v1/settle", urls[(i + 1) % 3]))
+                .json(&settle)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                r.status().as_u16(),
+                200,
+                "{key}: {}",
+                r.text().await.unwrap()
+            );
+        }
+        let expected = 1000 - 4 * n;
+        for url in &urls {
+            eventually(&format!("{key}: {url} sees {expected} left"), || async {
+                let left = remaining(&client, url, key, "acme").await;
+                (left == expected).then_some(()).ok_or(left)
+            })
+            .await;
+        }
+
+        // A second settle, on any instance, refunds nothing.
+        for url in &urls {
+            let settle = json!({"reservation": ids[0].1, "used": 0});
+            let r = client
+                .post(format!("{url}/v1/settle"))
+                .json(&settle)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 409, "{key}");
+        }
+        for url in &urls {
+            assert_eq!(
+                remaining(&client, url, key, "acme").await,
+                expected,
+                "{key}"
+            );
+        }
+    }
 }

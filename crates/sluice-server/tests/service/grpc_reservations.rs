@@ -241,11 +241,11 @@ async fn shadow_limits_are_observed_untouched_and_the_service_reports_serving() 
 }
 
 #[tokio::test]
-async fn a_store_without_reservations_answers_unimplemented() {
+async fn the_hybrid_store_holds_reservations() {
     use sluice_redis::testing::{shared_server, unique_prefix};
     use sluice_server::{ServeOptions, Server};
 
-    // The hybrid store, over a real Redis, does not hold reservations (yet).
+    // The hybrid store, over a real Redis, holds reservations as the other stores do.
     let rules = "domain: shop\ndescriptors:\n  - key: tokens\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
     let (rules, _dir) = sluice_test_support::rules_file("rules.yaml", rules);
     let mut options = ServeOptions::new(vec![rules]);
@@ -257,13 +257,16 @@ async fn a_store_without_reservations_answers_unimplemented() {
     let mut c = ReservationsClient::connect(format!("http://{}", server.grpc_addr()))
         .await
         .unwrap();
-    let e = c.reserve(reserve("acme", 5)).await.unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
-    assert!(e.message().contains("does not hold reservations"), "{e:?}");
+    let r = reserved(&mut c, reserve("acme", 5)).await;
+    assert!(r.allowed && r.reservation.starts_with("rsv_"), "{r:?}");
+    let s = settled(&mut c, settle(&r.reservation, 2)).await;
+    assert_eq!((s.reserved, s.used, s.refunded, s.charged), (5, 2, 3, 0));
+    let again = c.settle(settle(&r.reservation, 0)).await.unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
     let e = c
         .settle(settle("rsv_0123456789abcdef0123456789abcdef", 1))
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
     server.shutdown().await;
 }
