@@ -213,9 +213,22 @@ pub struct MatchedCheck {
 }
 
 impl MatchedCheck {
-    /// The check in the form [`sluice_core::Store::check`] takes.
+    /// The check in the form [`sluice_core::Store::check`] takes, for a decision without a
+    /// reservation: at its cost, except a concurrency limit, which nothing would release, so it
+    /// is asked at cost 0 whether a slot is free ([`sluice_core::Policy::units`]).
     pub fn as_check(&self) -> Check<'_> {
-        Check::new(&self.key, &self.rule.policy, self.cost)
+        Check::new(&self.key, &self.rule.policy, self.units(false))
+    }
+
+    /// The check in the form [`sluice_core::Store::reserve`] takes: at its cost, except a
+    /// concurrency limit, of which a reservation takes one slot whatever its amount.
+    pub fn as_reservation(&self) -> Check<'_> {
+        Check::new(&self.key, &self.rule.policy, self.units(true))
+    }
+
+    /// The units this check takes from its counter.
+    pub fn units(&self, reserving: bool) -> u64 {
+        self.rule.policy.units(self.cost, reserving)
     }
 }
 
