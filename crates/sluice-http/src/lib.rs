@@ -38,6 +38,7 @@ pub mod middleware;
 #[cfg(feature = "axum")]
 pub mod problem;
 pub mod serve;
+pub mod settle;
 
 pub use enforce::{
     DEFAULT_MAX_DELAYED, Enforcement, Enforcer, QUOTA_EXCEEDED, pass_headers, reject,

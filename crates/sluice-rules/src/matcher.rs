@@ -232,6 +232,11 @@ impl MatchedCheck {
     }
 }
 
+/// Whether `d` or a descriptor nested in it has a concurrency limit.
+fn limits_concurrency(d: &DescriptorConfig) -> bool {
+    d.limits.iter().any(|l| l.policy.concurrent()) || d.descriptors.iter().any(limits_concurrency)
+}
+
 /// A request descriptor the matcher can read: an ordered list of key/value entries, and
 /// optionally its own cost (Envoy's per-descriptor `hits_addend`).
 pub trait DescriptorEntries {
@@ -354,6 +359,9 @@ pub(crate) struct CompiledDomain {
     /// The encoded domain, the first component of every key.
     key_prefix: String,
     root: Level,
+    /// Whether any of its limits is a concurrency limit, which a front end can only hold with
+    /// a reservation that the answer's end releases.
+    pub(crate) concurrent: bool,
 }
 
 impl CompiledDomain {
@@ -377,10 +385,12 @@ impl CompiledDomain {
         for d in &config.descriptors {
             insert(&mut root, d, &parent);
         }
+        let concurrent = config.descriptors.iter().any(limits_concurrency);
         CompiledDomain {
             config,
             key_prefix,
             root,
+            concurrent,
         }
     }
 
