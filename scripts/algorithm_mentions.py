@@ -24,6 +24,7 @@ ALGORITHMS = {
     "sliding_log": "SlidingLog",
     "sliding_counter": "SlidingCounter",
     "bucketed_window": "BucketedWindow",
+    "concurrency_limit": "ConcurrencyLimit",
 }
 SKIP_CRATES = {"sluice-test-support", "sluice-testing"}
 

@@ -388,8 +388,9 @@ fn algorithms_alone(c: &mut Criterion) {
                 decide_only(c, &id, state, |s, now| p.decide(s, now, 1));
             }
             // Their state is on the heap and recorded in place: the log's cost grows with its
-            // length (see `sliding_log_length`), the buckets' with their number.
-            Policy::SlidingLog(_) | Policy::BucketedWindow(_) => {}
+            // length (see `sliding_log_length`), the buckets' with their number, the holds'
+            // with the requests in flight.
+            Policy::SlidingLog(_) | Policy::BucketedWindow(_) | Policy::ConcurrencyLimit(_) => {}
         }
     }
 }

@@ -66,6 +66,7 @@ pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder, unconsumed};
 pub use policy::{Algorithm, Policy, PolicyError, Rate, UnknownAlgorithm};
 pub use reservation::{MalformedReservationId, ReservationId};
 pub use store::{
-    BoxFuture, Check, DynStore, Lease, Refund, Settlement, SharedOverrides, Store, StoreError,
+    Adjustment, BoxFuture, Check, DynStore, Lease, Refund, Settlement, SharedOverrides, Store,
+    StoreError,
     StoreResult, UnsupportedPolicy,
 };

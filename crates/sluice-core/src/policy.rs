@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use crate::Timestamp;
 use crate::algorithm::{
-    ALGORITHMS, AlgorithmSpec, BucketedWindow, FixedWindow, Gcra, LeakyQueue, Magnitude,
-    SlidingCounter, SlidingLog, StoreParams, TokenBucket,
+    ALGORITHMS, AlgorithmSpec, BucketedWindow, ConcurrencyLimit, FixedWindow, Gcra, LeakyQueue,
+    Magnitude, SlidingCounter, SlidingLog, StoreParams, TokenBucket,
 };
 use crate::clock::duration_nanos;
 
@@ -142,7 +142,7 @@ impl Rate {
     }
 }
 
-/// The seven algorithms, by the names the configuration uses.
+/// The eight algorithms, by the names the configuration uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// A bucket of `capacity` tokens refilled continuously at a rate.
@@ -159,6 +159,8 @@ pub enum Algorithm {
     SlidingCounter,
     /// The window split into sub-windows, one counter each, summed over the sliding window.
     BucketedWindow,
+    /// At most so many requests in flight, each held until its reservation is settled.
+    ConcurrencyLimit,
 }
 
 impl Algorithm {
@@ -206,7 +208,7 @@ impl fmt::Display for Algorithm {
     }
 }
 
-/// The name given is not one of the seven algorithms.
+/// The name given is not one of the eight algorithms.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown algorithm `{0}`; expected one of {names}", names = Algorithm::NAMES.join(", "))]
 pub struct UnknownAlgorithm(pub String);
@@ -239,6 +241,8 @@ pub enum Policy {
     SlidingCounter(SlidingCounter),
     /// See [`BucketedWindow`].
     BucketedWindow(BucketedWindow),
+    /// See [`ConcurrencyLimit`].
+    ConcurrencyLimit(ConcurrencyLimit),
 }
 
 impl Policy {
@@ -252,6 +256,7 @@ impl Policy {
             Policy::SlidingLog(_) => Algorithm::SlidingLog,
             Policy::SlidingCounter(_) => Algorithm::SlidingCounter,
             Policy::BucketedWindow(_) => Algorithm::BucketedWindow,
+            Policy::ConcurrencyLimit(_) => Algorithm::ConcurrencyLimit,
         }
     }
 
@@ -267,6 +272,7 @@ impl Policy {
             Policy::SlidingLog(p) => p.limit(),
             Policy::SlidingCounter(p) => p.limit(),
             Policy::BucketedWindow(p) => p.limit(),
+            Policy::ConcurrencyLimit(p) => p.limit(),
         }
     }
 
@@ -282,6 +288,8 @@ impl Policy {
             Policy::SlidingLog(p) => p.window(),
             Policy::SlidingCounter(p) => p.window(),
             Policy::BucketedWindow(p) => p.window(),
+            // No window: the time a hold lasts unreleased, the nearest thing to one.
+            Policy::ConcurrencyLimit(p) => p.ttl(),
             Policy::TokenBucket(_) | Policy::Gcra(_) | Policy::LeakyQueue(_) => {
                 let rate = self.rate().unwrap_or(Rate::per_second(0));
                 if rate.amount() == 0 {
@@ -315,7 +323,8 @@ impl Policy {
             Policy::FixedWindow(_)
             | Policy::SlidingLog(_)
             | Policy::SlidingCounter(_)
-            | Policy::BucketedWindow(_) => None,
+            | Policy::BucketedWindow(_)
+            | Policy::ConcurrencyLimit(_) => None,
         }
     }
 }
@@ -343,6 +352,7 @@ impl fmt::Display for Policy {
             | Policy::BucketedWindow(_) => {
                 write!(f, "{} per {}", self.limit(), Period(self.window()))
             }
+            Policy::ConcurrencyLimit(p) => write!(f, "{} in flight", p.limit()),
         }
     }
 }
@@ -413,6 +423,24 @@ impl Policy {
 }
 
 impl Policy {
+    /// Whether this limits requests in flight rather than usage over time: see
+    /// [`AlgorithmSpec::concurrent`].
+    pub fn concurrent(&self) -> bool {
+        self.algorithm().spec().concurrent
+    }
+
+    /// The units a request of `cost` takes from this policy: `cost`, except from a limit on
+    /// requests in flight, which a reservation takes one slot of whatever its amount, and a
+    /// decision without a reservation takes none of (it asks whether one is free), since nothing
+    /// would release it.
+    pub fn units(&self, cost: u64, reserving: bool) -> u64 {
+        match (self.concurrent(), reserving) {
+            (false, _) => cost,
+            (true, true) => 1,
+            (true, false) => 0,
+        }
+    }
+
     /// The four numbers a store's script decides this policy on (the Redis scripts' `p1..p4`);
     /// `now` (the application's clock) only names a window start near it for windows on a grid.
     pub fn store_params(&self, now: Timestamp) -> StoreParams {
@@ -424,6 +452,7 @@ impl Policy {
             Policy::SlidingLog(p) => p.store_params(now),
             Policy::SlidingCounter(p) => p.store_params(now),
             Policy::BucketedWindow(p) => p.store_params(now),
+            Policy::ConcurrencyLimit(p) => p.store_params(now),
         }
     }
 
@@ -437,6 +466,7 @@ impl Policy {
             Policy::SlidingLog(p) => p.magnitudes(),
             Policy::SlidingCounter(p) => p.magnitudes(),
             Policy::BucketedWindow(p) => p.magnitudes(),
+            Policy::ConcurrencyLimit(p) => p.magnitudes(),
         }
     }
 
@@ -453,6 +483,7 @@ impl Policy {
             Policy::SlidingLog(p) => p.key_values(),
             Policy::SlidingCounter(p) => p.key_values(),
             Policy::BucketedWindow(p) => p.key_values(),
+            Policy::ConcurrencyLimit(p) => p.key_values(),
         };
         let spec = self.algorithm().spec();
         let mut id = spec.name.to_owned();
@@ -482,7 +513,8 @@ policy_from!(
     FixedWindow,
     SlidingLog,
     SlidingCounter,
-    BucketedWindow
+    BucketedWindow,
+    ConcurrencyLimit
 );
 
 /// `limit` against the largest an algorithm takes, with a hint at what to use instead.

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::{Decision, Policy, ReservationId};
+use crate::{Algorithm, Decision, Policy, ReservationId};
 
 /// One limit to check for a request: which counter, under which policy, at what cost.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +81,37 @@ pub struct SharedOverrides {
     pub version: u64,
     /// Each override's id and body, in no particular order.
     pub entries: Vec<(String, String)>,
+}
+
+/// What a settle does to one counter a reservation took from: every store settles through
+/// [`Adjustment::of`], so that they all give back and charge alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adjustment {
+    /// Give back this many units, taken when the reservation was made.
+    Refund(u64),
+    /// Take this many more, past the limit if need be.
+    Charge(u64),
+}
+
+impl Adjustment {
+    /// What settling at `used` does to a counter of `algorithm` that the reservation took
+    /// `reserved` units from; `None` when nothing changes. Usage limits get back what was
+    /// reserved and not used, or are charged what was used beyond it. A limit on requests in
+    /// flight gets back everything it held, whatever was used: the request is no longer in
+    /// flight, and what it used is no concern of a concurrency limit.
+    pub fn of(algorithm: Algorithm, reserved: u64, used: u64) -> Option<Adjustment> {
+        let adjustment = if algorithm.spec().concurrent {
+            Adjustment::Refund(reserved)
+        } else if used < reserved {
+            Adjustment::Refund(reserved - used)
+        } else {
+            Adjustment::Charge(used - reserved)
+        };
+        match adjustment {
+            Adjustment::Refund(0) | Adjustment::Charge(0) => None,
+            other => Some(other),
+        }
+    }
 }
 
 /// Why a store could not decide. A denial is not an error: it is a [`Decision`].

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{
-    Alignment, BucketedWindow, Check, Decision, FixedWindow, Gcra, LeakyQueue, Policy, Rate,
-    SlidingCounter, SlidingLog, Store, TokenBucket,
+    Alignment, BucketedWindow, Check, ConcurrencyLimit, Decision, FixedWindow, Gcra, LeakyQueue,
+    Policy, Rate, SlidingCounter, SlidingLog, Store, TokenBucket,
 };
 
 /// A store under test, with control over the time it decides on.
@@ -41,6 +41,8 @@ pub fn five_per_second() -> Vec<Policy> {
         SlidingLog::new(5, second).map(Policy::from),
         SlidingCounter::new(5, second).map(Policy::from),
         BucketedWindow::new(5, second, 5).map(Policy::from),
+        // Holds that expire after a second, when no settle releases them.
+        ConcurrencyLimit::new(5, second).map(Policy::from),
     ]
     .into_iter()
     .map(|p| p.expect("valid policy"))
@@ -267,6 +269,9 @@ pub async fn concurrent_requests_are_exact<B: Backend>(b: Arc<B>) {
                 .unwrap()
                 .into(),
             Policy::BucketedWindow(_) => BucketedWindow::new(50, Duration::from_secs(60), 6)
+                .unwrap()
+                .into(),
+            Policy::ConcurrencyLimit(_) => ConcurrencyLimit::new(50, Duration::from_secs(60))
                 .unwrap()
                 .into(),
         };

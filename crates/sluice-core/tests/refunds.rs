@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sluice_core::{
-    Alignment, BucketedWindow, BucketedWindowState, Decision, FixedWindow, FixedWindowState, Gcra,
-    LeakyQueue, Rate, SlidingCounter, SlidingCounterState, SlidingLog, SlidingLogState, Timestamp,
-    TokenBucket, TokenBucketState,
+    Alignment, BucketedWindow, BucketedWindowState, ConcurrencyLimit, ConcurrencyLimitState,
+    Decision, FixedWindow, FixedWindowState, Gcra, LeakyQueue, Rate, SlidingCounter,
+    SlidingCounterState, SlidingLog, SlidingLogState, Timestamp, TokenBucket, TokenBucketState,
 };
 
 /// One counter of any algorithm, with its state, as a store holds it.
@@ -30,6 +30,12 @@ trait Counter {
     /// counts: `None` for the buckets and GCRA, whose capacity is all alike.
     fn taken_until(&self, t: u64) -> Option<u64>;
     fn copy(&self) -> Box<dyn Counter>;
+    /// The longest `retry_after` a refusal advises, when the algorithm cuts it short of the
+    /// instant the request would pass (the concurrency limit, whose slots come back with settles
+    /// it cannot foresee).
+    fn retry_hint(&self) -> Option<u64> {
+        None
+    }
 }
 
 fn ts(nanos: u64) -> Timestamp {
@@ -197,6 +203,35 @@ impl Counter for Held<SlidingLog, SlidingLogState> {
     }
 }
 
+impl Counter for Held<ConcurrencyLimit, ConcurrencyLimitState> {
+    fn peek(&self, now: u64, cost: u64) -> Decision {
+        self.policy.decide(&self.state, ts(now), cost)
+    }
+    fn check(&mut self, now: u64, cost: u64) -> Decision {
+        let d = self.policy.decide(&self.state, ts(now), cost);
+        if d.allowed {
+            self.policy.record(&mut self.state, ts(now), cost);
+        }
+        d
+    }
+    fn refund(&mut self, units: u64, taken_at: u64, now: u64) {
+        self.policy
+            .refund(&mut self.state, units, ts(taken_at), ts(now));
+    }
+    fn charge(&mut self, units: u64, now: u64) {
+        self.policy.charge(&mut self.state, units, ts(now));
+    }
+    fn taken_until(&self, t: u64) -> Option<u64> {
+        Some(t + self.policy.ttl().as_nanos() as u64)
+    }
+    fn copy(&self) -> Box<dyn Counter> {
+        Box::new(self.clone())
+    }
+    fn retry_hint(&self) -> Option<u64> {
+        Some(ConcurrencyLimit::RETRY_HINT.as_nanos() as u64)
+    }
+}
+
 impl Counter for Held<BucketedWindow, BucketedWindowState> {
     fn peek(&self, now: u64, cost: u64) -> Decision {
         self.policy.decide(&self.state, ts(now), cost)
@@ -239,7 +274,7 @@ fn params(
     limit: impl Strategy<Value = u64>,
     window: impl Strategy<Value = u64>,
 ) -> impl Strategy<Value = Params> {
-    (0usize..7, limit, window, 0u64..8).prop_map(|(algorithm, limit, window, knob)| Params {
+    (0usize..8, limit, window, 0u64..8).prop_map(|(algorithm, limit, window, knob)| Params {
         algorithm,
         limit,
         window,
@@ -289,6 +324,10 @@ fn counter(p: Params) -> Option<Box<dyn Counter>> {
         5 => Box::new(Held {
             policy: SlidingCounter::new(p.limit, window).ok()?,
             state: SlidingCounterState::default(),
+        }),
+        7 => Box::new(Held {
+            policy: ConcurrencyLimit::new(p.limit, window).ok()?,
+            state: ConcurrencyLimitState::default(),
         }),
         _ => {
             let sub_windows = p.knob as u32 + 1;
@@ -481,6 +520,11 @@ proptest! {
         let retry = refused.retry_after.as_nanos() as u64;
         prop_assert!(retry > 0 && refused.retry_after != Decision::NEVER);
         prop_assert!(!c.peek(t + retry - 1, 1).allowed, "refused until {}", retry);
+        if c.retry_hint().is_some_and(|hint| retry >= hint) {
+            // Advised to try again soon: still refused then, when the holds last longer.
+            prop_assert_eq!(Some(retry), c.retry_hint());
+            return Ok(());
+        }
         prop_assert!(c.peek(t + retry, 1).allowed, "admitted at {}", retry);
     }
 

@@ -51,7 +51,7 @@ use sluice_limiter::{Limiter, StartError};
 use sluice_rules::Cidr;
 use sluice_stores::StoreSettings;
 
-pub use budget::UsageBody;
+pub use budget::{AnswerMeter, UsageBody};
 pub use forward::GatewayBody;
 pub use metered::{BudgetBody, MeteredBody};
 pub use upstream_pool::UpstreamBody;

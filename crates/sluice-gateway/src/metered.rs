@@ -16,12 +16,13 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 use sluice_http::extract::matching_route;
 use sluice_http::middleware::{ResponseFuture, SharedLimitBody};
+use sluice_http::settle::PendingSettle;
 use sluice_http::{SharedLimit, SharedLimitLayer, pass_headers, reject};
 use sluice_rules::RouteUsage;
 use tower_service::Service;
 
 use crate::GatewayBody;
-use crate::budget::{PendingSettle, UsageBody, estimate};
+use crate::budget::{UsageBody, estimate, usage_body};
 use crate::forward::{Forward, RequestBody, error};
 
 /// The body of a budgeted route's answer: the upstream's, read for its usage, or one that
@@ -157,7 +158,7 @@ impl Budget {
         ) {
             (Ok(answer), Some(pending)) => {
                 let (head, body) = answer.into_parts();
-                let body = UsageBody::new(body, &head.headers, usage.settle.clone(), pending);
+                let body = usage_body(body, &head.headers, usage.settle.clone(), pending);
                 Response::from_parts(head, Either::Left(body))
             }
             (Ok(answer), None) => answer.map(|b| Either::Right(Either::Left(b))),

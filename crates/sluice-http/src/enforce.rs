@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use sluice_limiter::{HeaderStyle, LimitResult, Limiter, Verdict, retry_after_secs};
 
 use crate::extract::Extracted;
+use crate::settle::PendingSettle;
 
 /// The IETF problem type for a request over its quota.
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -60,6 +61,41 @@ impl Enforcer {
     /// Free places in the delay queue.
     pub fn free_delay_places(&self) -> usize {
         self.waiting.available_permits()
+    }
+
+    /// [`Enforcer::enforce`], or, when `ex`'s domain has a concurrency limit, a reservation of
+    /// the request's cost that holds its slot: the [`PendingSettle`] to settle when the answer
+    /// ends or is dropped (with [`crate::settle::SettlingBody`]), which releases the slot. A
+    /// refused reservation is answered as `reject` answers, whatever the limit's action: a slot
+    /// is not waited for, since nothing tells when one comes back. A reservation admitted by a
+    /// rule's `on_store_error` while the store failed holds nothing, and settles nothing.
+    pub async fn enforce_held(&self, ex: &Extracted) -> (Enforcement, Option<PendingSettle>) {
+        if !self
+            .limiter
+            .reloader()
+            .rules()
+            .limits_concurrency(&ex.request.domain)
+        {
+            return (self.enforce(ex).await, None);
+        }
+        let amount = ex.request.cost.max(1);
+        let reserved = match self.limiter.reserve(&ex.request, amount, None).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "request not limited: {e}");
+                return (Enforcement::Forward(Vec::new()), None);
+            }
+        };
+        log_shadow(&ex.request.domain, &reserved.verdict);
+        if !reserved.verdict.allowed {
+            let refusal = reject(&reserved.verdict, ex.style, "limited");
+            return (Enforcement::Respond(refusal), None);
+        }
+        let pending = reserved
+            .reservation
+            .map(|id| PendingSettle::new(Arc::clone(&self.limiter), id, amount));
+        let headers = pass_headers(&reserved.verdict, ex.style);
+        (Enforcement::Forward(headers), pending)
     }
 
     /// Decides `ex` and applies the actions: waits for `delay`, and answers `reject` and `fake`

@@ -41,6 +41,7 @@ pub mod middleware;
 pub mod problem;
 pub mod send_progress;
 pub mod serve;
+pub mod settle;
 
 pub use enforce::{
     DEFAULT_MAX_DELAYED, Enforcement, Enforcer, QUOTA_EXCEEDED, pass_headers, reject,

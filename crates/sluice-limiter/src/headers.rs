@@ -116,8 +116,13 @@ pub(crate) fn rate_limit_headers<'a>(
             push_sf_string(&mut policy, l.name());
             policy.push_str(";q=");
             push_u64(&mut policy, l.decision.limit);
-            policy.push_str(";w=");
-            push_u64(&mut policy, ceil_secs(l.policy().window()));
+            if l.policy().concurrent() {
+                // A quota of requests at once has no window (IETF draft-11's quota unit).
+                policy.push_str(";qu=\"concurrent-requests\"");
+            } else {
+                policy.push_str(";w=");
+                push_u64(&mut policy, ceil_secs(l.policy().window()));
+            }
             push_sf_string(&mut state, l.name());
             state.push_str(";r=");
             push_u64(&mut state, l.decision.remaining);
@@ -236,6 +241,26 @@ mod tests {
         assert_eq!(get("x-ratelimit-remaining").unwrap(), "0");
         assert_eq!(get("x-ratelimit-reset").unwrap(), "7200");
         assert_eq!(get("retry-after").unwrap(), "3601");
+    }
+
+    /// A concurrency limit's quota is of requests at once: it says so, and has no window.
+    #[test]
+    fn a_concurrency_limit_is_a_quota_of_concurrent_requests() {
+        let slots =
+            Policy::from(sluice_core::ConcurrencyLimit::new(10, Duration::from_secs(300)).unwrap());
+        let minute = Policy::from(
+            FixedWindow::new(10, Duration::from_secs(60), Alignment::FirstRequest).unwrap(),
+        );
+        let (a, b) = (
+            decision(false, 0, 300_000, 1_000),
+            decision(true, 9, 100, 0),
+        );
+        let shown = [limit("slots", &slots, &a), limit("minute", &minute, &b)];
+        let headers = rate_limit_headers(shown.iter(), HeaderStyle::Ietf);
+        assert_eq!(
+            headers[0].1.to_str().unwrap(),
+            r#""slots";q=10;qu="concurrent-requests", "minute";q=10;w=60"#
+        );
     }
 
     #[test]

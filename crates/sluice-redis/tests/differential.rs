@@ -15,9 +15,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sluice_core::{
-    Alignment, BucketedWindow, Check, Clock, FakeClock, FixedWindow, Gcra, LeakyQueue, Lease,
-    MemoryStore, Policy, Rate, Refund, ReservationId, Settlement, SlidingCounter, SlidingLog,
-    Store, Timestamp, TokenBucket,
+    Alignment, BucketedWindow, Check, Clock, ConcurrencyLimit, FakeClock, FixedWindow, Gcra,
+    LeakyQueue, Lease, MemoryStore, Policy, Rate, Refund, ReservationId, Settlement,
+    SlidingCounter, SlidingLog, Store, Timestamp, TokenBucket,
 };
 use sluice_redis::RedisStore;
 use sluice_redis::testing::{name, shared_server, test_options};
@@ -150,6 +150,7 @@ fn policies() -> Vec<(Policy, Duration, u64)> {
         (SlidingLog::new(3, ten).map(Policy::from), ten, 1),
         (SlidingCounter::new(5, ten).map(Policy::from), ten, 1),
         (BucketedWindow::new(4, ten, 5).map(Policy::from), ten, 1),
+        (ConcurrencyLimit::new(3, ten).map(Policy::from), ten, 1),
         (
             TokenBucket::new(4_000_000_000, Rate::per_second(1_000_000_000)).map(Policy::from),
             sec,
@@ -184,6 +185,11 @@ fn policies() -> Vec<(Policy, Duration, u64)> {
             BucketedWindow::new(4_000_000_000, ten, 5).map(Policy::from),
             ten,
             1_000_000_000,
+        ),
+        (
+            ConcurrencyLimit::new(1_000_000, ten).map(Policy::from),
+            ten,
+            250_000,
         ),
     ]
     .into_iter()
@@ -465,4 +471,9 @@ fn sliding_counter_answers_alike_on_both_stores() {
 #[test]
 fn bucketed_window_answers_alike_on_both_stores() {
     differential("bucketed_window");
+}
+
+#[test]
+fn concurrency_limit_answers_alike_on_both_stores() {
+    differential("concurrency_limit");
 }

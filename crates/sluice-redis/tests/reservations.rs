@@ -50,6 +50,15 @@ fn lease(id: &ReservationId) -> Lease<'_> {
     Lease { id, ttl: MINUTE }
 }
 
+/// [`fifty_per_hour`] less the concurrency limit, whose settle releases its hold whatever was
+/// used rather than refunding or charging the difference: `tests/concurrency_limit.rs` holds it.
+fn usage_policies() -> Vec<Policy> {
+    fifty_per_hour()
+        .into_iter()
+        .filter(|p| !p.concurrent())
+        .collect()
+}
+
 async fn remaining(store: &RedisStore, key: &str, policy: &Policy) -> u64 {
     store.peek(key, policy).await.unwrap().remaining
 }
@@ -67,7 +76,7 @@ async fn reserve(store: &RedisStore, key: &str, policy: &Policy, cost: u64) -> R
 /// Settling at less than reserved gives back exactly the rest, for every algorithm.
 async fn settling_below_the_reservation_gives_back_the_rest(topology: Topology) {
     let store = store(topology).await;
-    for policy in fifty_per_hour() {
+    for policy in usage_policies() {
         let key = format!("under:{}", name(&policy));
         let full = remaining(&store, &key, &policy).await;
         let id = reserve(&store, &key, &policy, 10).await;
@@ -106,7 +115,7 @@ async fn cluster_settling_below_the_reservation_gives_back_the_rest() {
 /// refused, for every algorithm.
 async fn settling_above_the_reservation_charges_past_the_limit(topology: Topology) {
     let store = store(topology).await;
-    for policy in fifty_per_hour() {
+    for policy in usage_policies() {
         let key = format!("over:{}", name(&policy));
         let id = reserve(&store, &key, &policy, 10).await;
         let settled = store.settle(&id, 60).await.unwrap();
@@ -177,7 +186,7 @@ async fn a_token_bucket_pays_its_debt_before_it_refills() {
 #[tokio::test]
 async fn only_the_first_settle_of_a_live_reservation_counts() {
     let store = store(Topology::Standalone).await;
-    for policy in fifty_per_hour() {
+    for policy in usage_policies() {
         let key = format!("once:{}", name(&policy));
         let id = reserve(&store, &key, &policy, 10).await;
         assert!(matches!(
@@ -213,7 +222,7 @@ async fn only_the_first_settle_of_a_live_reservation_counts() {
 #[tokio::test]
 async fn a_settle_after_the_ttl_is_expired_and_changes_nothing() {
     let store = store(Topology::Standalone).await;
-    for policy in fifty_per_hour() {
+    for policy in usage_policies() {
         let key = format!("late:{}", name(&policy));
         let id = ReservationId::random();
         let ttl = Duration::from_secs(1);
@@ -243,7 +252,7 @@ async fn a_settle_after_the_ttl_is_expired_and_changes_nothing() {
 /// A reservation made through one instance is settled through another on the same Redis.
 async fn another_instance_settles(topology: Topology) {
     let stores = stores(topology, 2).await;
-    for policy in fifty_per_hour() {
+    for policy in usage_policies() {
         let key = format!("across:{}", name(&policy));
         let full = remaining(&stores[1], &key, &policy).await;
         let id = reserve(&stores[0], &key, &policy, 10).await;
@@ -325,7 +334,7 @@ fn two_slots(store: &RedisStore, base: &str) -> (String, String) {
 async fn a_reservation_one_slot_refuses_consumes_nothing_and_records_nothing() {
     let store = store(Topology::Cluster).await;
     let tight = fifty_per_hour().remove(0);
-    for loose in fifty_per_hour() {
+    for loose in usage_policies() {
         let (a, b) = two_slots(&store, &format!("refused:{}", name(&loose)));
         let spent = store.check(&[Check::new(&a, &tight, 50)]).await.unwrap();
         assert!(spent[0].allowed);
@@ -369,7 +378,7 @@ async fn a_refused_reservation_records_nothing() {
 /// masters; off one, in one script's multi-check path.
 async fn a_reservation_of_three_counters_settles_each(topology: Topology) {
     let store = store(topology).await;
-    for policy in fifty_per_hour() {
+    for policy in usage_policies() {
         let keys: Vec<String> = (0..3)
             .map(|node| {
                 let slots = match topology {
@@ -425,7 +434,7 @@ async fn cluster_a_reservation_across_three_masters_settles_on_each() {
 /// its decisions are the counters after it.
 async fn refunds_floor_at_zero(topology: Topology) {
     let store = store(topology).await;
-    for policy in fifty_per_hour() {
+    for policy in usage_policies() {
         let key = format!("refund:{}", name(&policy));
         let full = remaining(&store, &key, &policy).await;
         let d = store.check(&[Check::new(&key, &policy, 5)]).await.unwrap();

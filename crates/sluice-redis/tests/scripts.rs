@@ -16,10 +16,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use sluice_core::algorithm::TokenBucketState;
-use sluice_core::algorithm::{FixedWindowState, SlidingCounterState, SlidingLogState};
+use sluice_core::algorithm::{
+    ConcurrencyLimitState, FixedWindowState, SlidingCounterState, SlidingLogState,
+};
 use sluice_core::{
-    Alignment, BucketedWindow, BucketedWindowState, Decision, FixedWindow, Gcra, LeakyQueue,
-    Policy, Rate, SlidingCounter, SlidingLog, Timestamp, TokenBucket,
+    Alignment, BucketedWindow, BucketedWindowState, ConcurrencyLimit, Decision, FixedWindow, Gcra,
+    LeakyQueue, Policy, Rate, SlidingCounter, SlidingLog, Timestamp, TokenBucket,
 };
 use sluice_redis::testing::{self, check_script, decode_replies, push_check};
 
@@ -77,6 +79,8 @@ enum State {
     At(Timestamp),
     FixedWindow(FixedWindowState),
     SlidingLog(SlidingLogState, Vec<(u64, u64)>),
+    /// The concurrency limit's holds, and the list the script is expected to store, as the log's.
+    ConcurrencyLimit(ConcurrencyLimitState, Vec<(u64, u64)>),
     SlidingCounter(SlidingCounterState),
     /// The buckets, and the bucket length in nanoseconds (for their starts).
     BucketedWindow(BucketedWindowState, u64),
@@ -89,6 +93,9 @@ fn fresh(policy: &Policy, now: Timestamp) -> State {
         Policy::Gcra(_) | Policy::LeakyQueue(_) => State::At(Timestamp::EPOCH),
         Policy::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
         Policy::SlidingLog(_) => State::SlidingLog(SlidingLogState::default(), Vec::new()),
+        Policy::ConcurrencyLimit(_) => {
+            State::ConcurrencyLimit(ConcurrencyLimitState::default(), Vec::new())
+        }
         Policy::SlidingCounter(_) => State::SlidingCounter(SlidingCounterState::default()),
         Policy::BucketedWindow(bw) => {
             State::BucketedWindow(BucketedWindowState::default(), nanos(bw.bucket()))
@@ -138,6 +145,24 @@ fn decide(policy: &Policy, state: &State, now: Timestamp, cost: u64) -> (Decisio
                 .unwrap_or_default();
             (d, State::SlidingLog(s, list), token)
         }
+        (Policy::ConcurrencyLimit(f), State::ConcurrencyLimit(s, list)) => {
+            let d = f.decide(s, now, cost);
+            let (mut s, mut list) = (s.clone(), list.clone());
+            if d.allowed && cost > 0 {
+                f.record(&mut s, now, cost);
+                let w = u64::try_from(f.ttl().as_nanos()).unwrap();
+                list.retain(|&(at, _)| at + w > now.as_nanos());
+                match list.last_mut() {
+                    Some((at, units)) if *at >= now.as_nanos() => *units += cost,
+                    _ => list.push((now.as_nanos(), cost)),
+                }
+            }
+            let token = list
+                .last()
+                .map(|(at, _)| at.to_string())
+                .unwrap_or_default();
+            (d, State::ConcurrencyLimit(s, list), token)
+        }
         (Policy::BucketedWindow(bw), State::BucketedWindow(s, bucket)) => {
             let d = bw.decide(s, now, cost);
             let mut s = s.clone();
@@ -170,7 +195,7 @@ fn stored(state: &State, queue: bool) -> Option<String> {
             let counts: Vec<String> = counts.iter().map(u32::to_string).collect();
             format!("7 {} {}", newest * bucket, counts.join(" "))
         }
-        State::SlidingLog(..) => return None,
+        State::SlidingLog(..) | State::ConcurrencyLimit(..) => return None,
     })
 }
 
@@ -180,11 +205,13 @@ fn nanos(d: Duration) -> u64 {
 
 /// The list the script must store for a sliding log.
 fn stored_list(state: &State) -> Vec<String> {
-    let State::SlidingLog(_, list) = state else {
-        unreachable!()
+    let (mark, list) = match state {
+        State::SlidingLog(_, list) => ("", list),
+        State::ConcurrencyLimit(_, list) => ("c", list),
+        _ => unreachable!(),
     };
     let total: u64 = list.iter().map(|(_, u)| u).sum();
-    std::iter::once(total.to_string())
+    std::iter::once(format!("{mark}{total}"))
         .chain(list.iter().map(|(at, u)| format!("{at} {u}")))
         .collect()
 }
@@ -443,6 +470,12 @@ fn policies() -> Vec<(Policy, u64)> {
             250_000_000,
         ),
         (p(SlidingCounter::new(5, sec).map(Policy::from)), E9),
+        (p(ConcurrencyLimit::new(5, sec).map(Policy::from)), E9),
+        // Holds that outlast the second a refusal is told to wait.
+        (
+            p(ConcurrencyLimit::new(3, Duration::from_secs(3)).map(Policy::from)),
+            3 * E9,
+        ),
         (p(BucketedWindow::new(5, sec, 4).map(Policy::from)), E9),
         (p(BucketedWindow::new(3, sec, 1).map(Policy::from)), E9),
         // An hour in minutes, and the most buckets a window may have.

@@ -250,10 +250,28 @@ pub struct MatchedCheck {
 }
 
 impl MatchedCheck {
-    /// The check in the form [`sluice_core::Store::check`] takes.
+    /// The check in the form [`sluice_core::Store::check`] takes, for a decision without a
+    /// reservation: at its cost, except a concurrency limit, which nothing would release, so it
+    /// is asked at cost 0 whether a slot is free ([`sluice_core::Policy::units`]).
     pub fn as_check(&self) -> Check<'_> {
-        Check::new(&self.key, &self.rule.policy, self.cost)
+        Check::new(&self.key, &self.rule.policy, self.units(false))
     }
+
+    /// The check in the form [`sluice_core::Store::reserve`] takes: at its cost, except a
+    /// concurrency limit, of which a reservation takes one slot whatever its amount.
+    pub fn as_reservation(&self) -> Check<'_> {
+        Check::new(&self.key, &self.rule.policy, self.units(true))
+    }
+
+    /// The units this check takes from its counter.
+    pub fn units(&self, reserving: bool) -> u64 {
+        self.rule.policy.units(self.cost, reserving)
+    }
+}
+
+/// Whether `d` or a descriptor nested in it has a concurrency limit.
+fn limits_concurrency(d: &DescriptorConfig) -> bool {
+    d.limits.iter().any(|l| l.policy.concurrent()) || d.descriptors.iter().any(limits_concurrency)
 }
 
 /// A request descriptor the matcher can read: an ordered list of key/value entries, and
@@ -378,6 +396,9 @@ pub(crate) struct CompiledDomain {
     /// The encoded domain, the first component of every key.
     key_prefix: String,
     root: Level,
+    /// Whether any of its limits is a concurrency limit, which a front end can only hold with
+    /// a reservation that the answer's end releases.
+    pub(crate) concurrent: bool,
 }
 
 impl CompiledDomain {
@@ -401,10 +422,12 @@ impl CompiledDomain {
         for d in &config.descriptors {
             insert(&mut root, d, &parent);
         }
+        let concurrent = config.descriptors.iter().any(limits_concurrency);
         CompiledDomain {
             config,
             key_prefix,
             root,
+            concurrent,
         }
     }
 

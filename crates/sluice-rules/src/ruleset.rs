@@ -58,6 +58,12 @@ impl RuleSet {
         set
     }
 
+    /// Whether `domain` has a concurrency limit: its requests are then held with a reservation
+    /// that the answer's end releases, not only checked (`sluice-http`'s layer and the gateway).
+    pub fn limits_concurrency(&self, domain: &str) -> bool {
+        self.domains.get(domain).is_some_and(|d| d.concurrent)
+    }
+
     /// Parses one file's text. `name` is how errors refer to it.
     pub fn parse(name: &str, text: &str) -> Result<Self, LoadError> {
         Self::from_sources([(name, text)])

@@ -1,4 +1,4 @@
-//! The seven algorithms, each a pure function of `(state, now, policy, cost)` in its own module,
+//! The eight algorithms, each a pure function of `(state, now, policy, cost)` in its own module,
 //! and [`ALGORITHMS`], the one table that describes them to the rest of Sluice.
 //!
 //! None of them reads a clock, allocates on the common path, or panics on any input: a clock
@@ -12,6 +12,7 @@
 //! `sluice-redis`, and one entry in the table.
 
 mod bucketed_window;
+mod concurrency_limit;
 mod divisor;
 mod fixed_window;
 mod gcra;
@@ -23,12 +24,16 @@ mod store_form;
 mod token_bucket;
 
 pub use bucketed_window::{BucketedWindow, BucketedWindowState};
+pub use concurrency_limit::{ConcurrencyLimit, ConcurrencyLimitState};
 pub use fixed_window::{Alignment, FixedWindow, FixedWindowState};
 pub use gcra::Gcra;
 pub use leaky_queue::LeakyQueue;
 pub use sliding_counter::{SlidingCounter, SlidingCounterState};
 pub use sliding_log::{SlidingLog, SlidingLogState};
-pub use spec::{AlgorithmSpec, Costs, DEFAULT_SUB_WINDOWS, Param, PolicyParams, Stores, Support};
+pub use spec::{
+    AlgorithmSpec, Costs, DEFAULT_CONCURRENCY_TTL, DEFAULT_SUB_WINDOWS, Param, PolicyParams,
+    Stores, Support,
+};
 pub use store_form::{Magnitude, StoreParams};
 pub use token_bucket::{TokenBucket, TokenBucketState};
 
@@ -36,7 +41,7 @@ use crate::policy::Algorithm;
 use sliding_counter::INSTEAD_OF_A_LARGE_LOG;
 
 /// Every algorithm, in documentation order; `Algorithm::ALL` follows it.
-pub const ALGORITHMS: [AlgorithmSpec; 7] = [
+pub const ALGORITHMS: [AlgorithmSpec; 8] = [
     AlgorithmSpec {
         algorithm: Algorithm::TokenBucket,
         name: "token_bucket",
@@ -51,6 +56,7 @@ pub const ALGORITHMS: [AlgorithmSpec; 7] = [
             many: true,
             delays: false,
         },
+        concurrent: false,
         estimates: None,
         key_fields: &["capacity", "rate"],
         code: 1,
@@ -70,6 +76,7 @@ pub const ALGORITHMS: [AlgorithmSpec; 7] = [
             many: true,
             delays: false,
         },
+        concurrent: false,
         estimates: None,
         key_fields: &["burst", "rate"],
         code: 2,
@@ -89,6 +96,7 @@ pub const ALGORITHMS: [AlgorithmSpec; 7] = [
             many: true,
             delays: true,
         },
+        concurrent: false,
         estimates: None,
         key_fields: &["queue", "max_wait", "rate"],
         code: 3,
@@ -108,6 +116,7 @@ pub const ALGORITHMS: [AlgorithmSpec; 7] = [
             many: true,
             delays: false,
         },
+        concurrent: false,
         estimates: None,
         key_fields: &["limit", "window", "align"],
         code: 4,
@@ -127,6 +136,7 @@ pub const ALGORITHMS: [AlgorithmSpec; 7] = [
             many: true,
             delays: false,
         },
+        concurrent: false,
         estimates: None,
         key_fields: &["limit", "window"],
         code: 5,
@@ -146,6 +156,7 @@ pub const ALGORITHMS: [AlgorithmSpec; 7] = [
             many: true,
             delays: false,
         },
+        concurrent: false,
         estimates: Some(Algorithm::SlidingLog),
         key_fields: &["limit", "window"],
         code: 6,
@@ -165,10 +176,33 @@ pub const ALGORITHMS: [AlgorithmSpec; 7] = [
             many: true,
             delays: false,
         },
+        concurrent: false,
         estimates: Some(Algorithm::SlidingLog),
         key_fields: &["limit", "window", "sub_windows"],
         code: 7,
         build: BucketedWindow::from_params,
+    },
+    AlgorithmSpec {
+        algorithm: Algorithm::ConcurrencyLimit,
+        name: "concurrency_limit",
+        params: &[],
+        stores: Stores {
+            memory: Support::Held,
+            redis: Support::Held,
+            hybrid: Support::Refused(
+                "holds that settles release, and the hybrid store holds no reservations yet",
+            ),
+        },
+        costs: Costs {
+            zero: true,
+            many: true,
+            delays: false,
+        },
+        concurrent: true,
+        estimates: None,
+        key_fields: &["limit", "ttl"],
+        code: 8,
+        build: ConcurrencyLimit::from_params,
     },
 ];
 
@@ -250,6 +284,7 @@ mod tests {
                 "sliding_log;limit=10;window=60000000000",
                 "sliding_counter;limit=10;window=60000000000",
                 "bucketed_window;limit=10;window=60000000000;sub_windows=6",
+                "concurrency_limit;limit=10;ttl=60000000000",
             ]
         );
         let first = PolicyParams {

@@ -23,6 +23,13 @@ pub struct AlgorithmSpec {
     pub stores: Stores,
     /// Which costs a request may have.
     pub costs: Costs,
+    /// Whether it limits requests in flight rather than usage over time. Such a limit is
+    /// taken only by a reservation, one unit per request whatever the amount, and its settle
+    /// gives the unit back whatever was used; a decision without a reservation (a check, which
+    /// nothing could release) asks it at cost 0, whether a slot is free. Its ttl cuts the
+    /// ttl of a reservation that takes from it, and the IETF fields name its quota unit
+    /// `concurrent-requests`.
+    pub concurrent: bool,
     /// The exact algorithm whose decisions this one estimates in less memory, if any: the
     /// simulator measures how often the two decide differently (`simulate --counter-error`).
     pub estimates: Option<Algorithm>,
@@ -171,6 +178,11 @@ pub struct PolicyParams {
     /// `sub_windows`; [`DEFAULT_SUB_WINDOWS`] when absent.
     pub sub_windows: Option<u32>,
 }
+
+/// How long a concurrency limit's hold counts when its reservation is never settled, when the
+/// rule does not say: the default reservation ttl, so that a reservation made with the defaults
+/// holds exactly as long as its slot.
+pub const DEFAULT_CONCURRENCY_TTL: Duration = Duration::from_secs(300);
 
 /// How many buckets a bucketed window has when the rule does not say: an hour in minutes, a
 /// minute in seconds.

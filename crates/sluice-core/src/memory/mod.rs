@@ -20,8 +20,8 @@ use state::{Meta, Update, apply, decide, decide_in_place};
 
 use crate::clock::duration_nanos;
 use crate::{
-    Check, Clock, Decision, Lease, Policy, Refund, ReservationId, Settlement, Store, StoreResult,
-    SystemClock, Timestamp, UnsupportedPolicy,
+    Adjustment, Check, Clock, Decision, Lease, Policy, Refund, ReservationId, Settlement, Store,
+    StoreResult, SystemClock, Timestamp, UnsupportedPolicy,
 };
 
 /// The default hard limit on tracked keys: about 100 MB of counters.
@@ -402,16 +402,14 @@ impl<C: Clock> MemoryStore<C> {
         // share a counter, a refund capped at the capacity or two charges each rounded up to
         // whole nanoseconds leave it otherwise in the other order.
         for hold in claim.holds.iter().rev() {
-            if used < hold.cost {
-                self.give_back(
-                    &hold.key,
-                    &hold.policy,
-                    hold.cost - used,
-                    claim.taken_at,
-                    now,
-                );
-            } else if used > hold.cost {
-                self.charge(&hold.key, &hold.policy, used - hold.cost, now)?;
+            match Adjustment::of(hold.policy.algorithm(), hold.cost, used) {
+                Some(Adjustment::Refund(units)) => {
+                    self.give_back(&hold.key, &hold.policy, units, claim.taken_at, now);
+                }
+                Some(Adjustment::Charge(units)) => {
+                    self.charge(&hold.key, &hold.policy, units, now)?;
+                }
+                None => {}
             }
         }
         Ok(Settlement::Settled {

@@ -1,7 +1,8 @@
 //! One counter's state in the memory store, for whichever algorithm its policy uses.
 
 use crate::algorithm::{
-    BucketedWindowState, FixedWindowState, SlidingCounterState, SlidingLogState, TokenBucketState,
+    BucketedWindowState, ConcurrencyLimitState, FixedWindowState, SlidingCounterState,
+    SlidingLogState, TokenBucketState,
 };
 use crate::{Decision, Policy, Timestamp};
 
@@ -23,8 +24,8 @@ pub(crate) struct Meta {
 }
 
 /// A counter's state, for whichever algorithm its policy uses, with the shard's [`Meta`]. Every
-/// variant but the log and the buckets holds 16 bytes of state or less, so the enum is 24; those
-/// two are boxed because they grow with the limit and with the number of buckets. A state that
+/// variant but the log, the buckets and the holds holds 16 bytes of state or less, so the enum is
+/// 24; those three are boxed because they grow with the limit and with the number of buckets. A state that
 /// [`decide`] returns carries a default `Meta`, which the store sets when it stores the state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
@@ -35,6 +36,7 @@ pub(crate) enum State {
     SlidingCounter(Meta, SlidingCounterState),
     SlidingLog(Meta, Box<SlidingLogState>),
     BucketedWindow(Meta, Box<BucketedWindowState>),
+    ConcurrencyLimit(Meta, Box<ConcurrencyLimitState>),
 }
 
 impl State {
@@ -48,7 +50,8 @@ impl State {
             | State::FixedWindow(m, _)
             | State::SlidingCounter(m, _)
             | State::SlidingLog(m, _)
-            | State::BucketedWindow(m, _) => *m,
+            | State::BucketedWindow(m, _)
+            | State::ConcurrencyLimit(m, _) => *m,
         }
     }
 
@@ -62,7 +65,8 @@ impl State {
             | State::FixedWindow(m, _)
             | State::SlidingCounter(m, _)
             | State::SlidingLog(m, _)
-            | State::BucketedWindow(m, _) => m,
+            | State::BucketedWindow(m, _)
+            | State::ConcurrencyLimit(m, _) => m,
         }
     }
 }
@@ -139,6 +143,13 @@ pub(crate) fn decide(
         (Policy::BucketedWindow(p), _) => (
             Update::Record(cost),
             p.decide(&BucketedWindowState::default(), now, cost),
+        ),
+        (Policy::ConcurrencyLimit(p), Some(State::ConcurrencyLimit(_, h))) => {
+            (Update::Record(cost), p.decide(h, now, cost))
+        }
+        (Policy::ConcurrencyLimit(p), _) => (
+            Update::Record(cost),
+            p.decide(&ConcurrencyLimitState::default(), now, cost),
         ),
     }
 }
@@ -229,6 +240,19 @@ pub(crate) fn apply(
             p.record(&mut b, now, cost);
             Some(State::BucketedWindow(Meta::default(), b))
         }
+        (
+            Update::Record(cost),
+            Some(State::ConcurrencyLimit(_, h)),
+            Policy::ConcurrencyLimit(p),
+        ) => {
+            p.record(h, now, cost);
+            None
+        }
+        (Update::Record(cost), _, Policy::ConcurrencyLimit(p)) => {
+            let mut h = Box::<ConcurrencyLimitState>::default();
+            p.record(&mut h, now, cost);
+            Some(State::ConcurrencyLimit(Meta::default(), h))
+        }
         (Update::Record(_), _, _) => None,
     }
 }
@@ -262,6 +286,9 @@ pub(crate) fn refund(
         }
         (Policy::BucketedWindow(p), State::BucketedWindow(_, b)) => {
             p.refund(b, units, taken_at, now);
+        }
+        (Policy::ConcurrencyLimit(p), State::ConcurrencyLimit(_, h)) => {
+            p.refund(h, units, taken_at, now)
         }
         _ => {}
     }
@@ -332,6 +359,15 @@ pub(crate) fn charge(
             let mut b = Box::<BucketedWindowState>::default();
             p.charge(&mut b, units, now);
             Some(State::BucketedWindow(fresh, b))
+        }
+        (Policy::ConcurrencyLimit(p), Some(State::ConcurrencyLimit(_, h))) => {
+            p.charge(h, units, now);
+            None
+        }
+        (Policy::ConcurrencyLimit(p), _) => {
+            let mut h = Box::<ConcurrencyLimitState>::default();
+            p.charge(&mut h, units, now);
+            Some(State::ConcurrencyLimit(fresh, h))
         }
     }
 }

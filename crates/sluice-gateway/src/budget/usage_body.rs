@@ -1,7 +1,7 @@
 //! The body of an answer on a budgeted route: the upstream's, passed on frame by frame as it
-//! arrives, read on the way for the usage it reports. When it ends, the reservation is settled
-//! before the end (or the last frame, when the upstream's framing says it is the last) is
-//! passed on, so a client that has read the whole answer finds the refund made.
+//! arrives, read on the way for the usage it reports. It settles as every reservation's answer
+//! does (`sluice_http::settle::SettlingBody`): before the end is passed on when it ends, in a
+//! task when it is cut or dropped.
 //!
 //! What is settled (see `docs/usage-limits.md`, "Gateway"):
 //! - the answer ended: the usage read (the JSON body's, or the last usage event's); when none
@@ -10,18 +10,13 @@
 //!   larger of the last usage read and the reservation, since the upstream may have gone on
 //!   working for units it never reported.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
-
 use bytes::Bytes;
 use http::HeaderMap;
 use http::header::{CONTENT_ENCODING, CONTENT_TYPE};
-use http_body::{Body, Frame, SizeHint};
+use sluice_http::settle::{PendingSettle, SettlingBody, UsageMeter};
 use sluice_rules::JsonPath;
 
 use super::json_units::units_in;
-use super::pending_settle::{PendingSettle, spawn};
 use super::sse_scanner::SseScanner;
 use crate::UpstreamBody;
 
@@ -106,136 +101,40 @@ impl Meter {
     }
 }
 
-/// Where the settle stands.
-enum Settle {
-    /// Not yet: the answer is passing.
-    Pending(PendingSettle),
-    /// The answer ended; the settle is under way, and the last frame held back (if the
-    /// upstream's framing told that it was the last) and the end are passed on once it is done.
-    Running(
-        Pin<Box<dyn Future<Output = ()> + Send>>,
-        Option<Frame<Bytes>>,
-    ),
-    /// Settled (or handed to a task).
-    Done,
+/// What a budgeted route's answer is read for: its usage, by its content type.
+#[derive(Debug)]
+pub struct AnswerMeter(Meter);
+
+impl UsageMeter<Bytes> for AnswerMeter {
+    fn feed(&mut self, data: &Bytes) {
+        self.0.feed(data);
+    }
+
+    fn finished(&mut self) -> Option<u64> {
+        self.0.finished()
+    }
+
+    fn seen(&self) -> Option<u64> {
+        self.0.seen()
+    }
 }
 
-/// An upstream answer that settles its reservation when it ends or is dropped.
-pub struct UsageBody {
+/// An upstream answer that settles its reservation when it ends or is dropped, at the usage it
+/// reports.
+pub type UsageBody = SettlingBody<UpstreamBody, AnswerMeter>;
+
+/// Reads `inner`, an answer with `headers`, for the units at `path`, and settles `pending`.
+pub(crate) fn usage_body(
     inner: UpstreamBody,
-    meter: Meter,
-    settle: Settle,
-}
-
-impl std::fmt::Debug for UsageBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UsageBody")
-            .field("inner", &self.inner)
-            .field("meter", &self.meter)
-            .finish_non_exhaustive()
-    }
-}
-
-impl UsageBody {
-    /// Reads `inner`, an answer with `headers`, for the units at `path`, and settles `pending`.
-    pub(crate) fn new(
-        inner: UpstreamBody,
-        headers: &HeaderMap,
-        path: JsonPath,
-        pending: PendingSettle,
-    ) -> Self {
-        UsageBody {
-            inner,
-            meter: Meter::for_answer(headers, path),
-            settle: Settle::Pending(pending),
-        }
-    }
-
-    /// The answer ended: start settling with its usage, holding back `last`.
-    fn finish(&mut self, last: Option<Frame<Bytes>>) {
-        if let Settle::Pending(pending) = std::mem::replace(&mut self.settle, Settle::Done) {
-            let used = self.meter.finished().unwrap_or(pending.reserved());
-            self.settle = Settle::Running(Box::pin(pending.settle(used)), last);
-        }
-    }
-
-    /// The answer was cut or dropped: settle at the larger of what was seen and what was
-    /// reserved, in a task, since nothing waits for it.
-    fn settle_interrupted(&mut self) {
-        match std::mem::replace(&mut self.settle, Settle::Done) {
-            Settle::Pending(pending) => {
-                let used = self.meter.seen().unwrap_or(0).max(pending.reserved());
-                pending.settle_later(used);
-            }
-            // The answer had ended; let its settle finish.
-            Settle::Running(task, _) => spawn(task),
-            Settle::Done => {}
-        }
-    }
-}
-
-impl Body for UsageBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        loop {
-            match &mut this.settle {
-                Settle::Pending(_) => {}
-                Settle::Running(task, last) => {
-                    ready!(task.as_mut().poll(cx));
-                    let last = last.take();
-                    this.settle = Settle::Done;
-                    return Poll::Ready(last.map(Ok));
-                }
-                Settle::Done => return Poll::Ready(None),
-            }
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    if let Some(data) = frame.data_ref() {
-                        this.meter.feed(data);
-                    }
-                    if !this.inner.is_end_stream() {
-                        return Poll::Ready(Some(Ok(frame)));
-                    }
-                    // `Content-Length` says this is the last: a client would be done on it.
-                    this.finish(Some(frame));
-                }
-                Some(Err(e)) => {
-                    this.settle_interrupted();
-                    return Poll::Ready(Some(Err(e)));
-                }
-                None => this.finish(None),
-            }
-        }
-    }
-
-    /// Not before the settle is done: the end is what tells the client it may go on.
-    fn is_end_stream(&self) -> bool {
-        matches!(self.settle, Settle::Done)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for UsageBody {
-    fn drop(&mut self) {
-        // An answer without a body (a 204, a HEAD) may never be polled: it ended all the same.
-        if matches!(self.settle, Settle::Pending(_)) && self.inner.is_end_stream() {
-            if let Settle::Pending(pending) = std::mem::replace(&mut self.settle, Settle::Done) {
-                let used = self.meter.finished().unwrap_or(pending.reserved());
-                pending.settle_later(used);
-            }
-            return;
-        }
-        self.settle_interrupted();
-    }
+    headers: &HeaderMap,
+    path: JsonPath,
+    pending: PendingSettle,
+) -> UsageBody {
+    SettlingBody::new(
+        inner,
+        AnswerMeter(Meter::for_answer(headers, path)),
+        Some(pending),
+    )
 }
 
 #[cfg(test)]

@@ -11,10 +11,12 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::layer::Shared;
 use crate::enforce::Enforcement;
+use crate::settle::{InFull, SettlingBody};
 
 /// The body of a rate-limited service's answers: the inner service's, or Sluice's own
-/// (a `429`, a `fake` answer).
-pub type SharedLimitBody<B> = Either<B, Full<Bytes>>;
+/// (a `429`, a `fake` answer). The inner service's releases the request's concurrency slot,
+/// if it holds one, when it ends or is dropped.
+pub type SharedLimitBody<B> = Either<SettlingBody<B, InFull>, Full<Bytes>>;
 
 /// A service that decides each request before the inner service sees it.
 pub struct SharedLimit<S> {
@@ -66,7 +68,7 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Send + 'static,
-    ResBody: Send + 'static,
+    ResBody: http_body::Body + Send + 'static,
 {
     type Response = Response<SharedLimitBody<ResBody>>;
     type Error = S::Error;
@@ -83,18 +85,19 @@ where
         let shared = self.shared.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            let headers = match shared.extract(&parts) {
-                None => Vec::new(),
-                Some(ex) => match shared.enforcer.enforce(&ex).await {
-                    Enforcement::Forward(headers) => headers,
-                    Enforcement::Respond(r) => return Ok(r.map(Either::Right)),
+            let (headers, held) = match shared.extract(&parts) {
+                None => (Vec::new(), None),
+                Some(ex) => match shared.enforcer.enforce_held(&ex).await {
+                    (Enforcement::Forward(headers), held) => (headers, held),
+                    (Enforcement::Respond(r), _) => return Ok(r.map(Either::Right)),
                 },
             };
+            // A failing inner service drops `held`, which releases the slot.
             let mut response = inner.call(Request::from_parts(parts, body)).await?;
             for (k, v) in headers {
                 response.headers_mut().insert(k, v);
             }
-            Ok(response.map(Either::Left))
+            Ok(response.map(|b| Either::Left(SettlingBody::new(b, InFull, held))))
         })
     }
 }

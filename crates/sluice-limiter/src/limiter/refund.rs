@@ -78,7 +78,8 @@ impl Limiter {
             .map(|c| Refund {
                 key: &c.key,
                 policy: &c.rule.policy,
-                units: c.cost,
+                // Nothing of a concurrency limit: only a settle releases a slot.
+                units: c.units(false),
             })
             .collect();
         let (decisions, store_failed) = match self.store.refund(&refunds).await {

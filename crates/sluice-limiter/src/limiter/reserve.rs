@@ -130,10 +130,18 @@ impl Limiter {
         let (enforced, observed): (Vec<usize>, Vec<usize>) =
             (0..plan.checks.len()).partition(|&i| plan.checks[i].rule.mode.enforces());
 
+        // A reservation never outlives a concurrency limit's hold (its `ttl`, the policy's
+        // window): when the slot comes back by itself, the reservation has expired too.
+        let ttl = enforced
+            .iter()
+            .map(|&i| &plan.checks[i].rule.policy)
+            .filter(|p| p.concurrent())
+            .map(|p| p.window())
+            .fold(ttl, Duration::min);
         let id = ReservationId::random();
         let batch: Vec<_> = enforced
             .iter()
-            .map(|&i| plan.checks[i].as_check())
+            .map(|&i| plan.checks[i].as_reservation())
             .collect();
         let (held, store_failed) = match self.store.reserve(&batch, Lease { id: &id, ttl }).await {
             Ok(decisions) => (decisions, false),

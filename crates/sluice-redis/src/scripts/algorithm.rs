@@ -42,7 +42,8 @@ mod tests {
              local FIXED_WINDOW = '4'\n\
              local SLIDING_LOG = '5'\n\
              local SLIDING_COUNTER = '6'\n\
-             local BUCKETED_WINDOW = '7'\n"
+             local BUCKETED_WINDOW = '7'\n\
+             local CONCURRENCY_LIMIT = '8'\n"
         );
     }
 }

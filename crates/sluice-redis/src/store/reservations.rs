@@ -18,8 +18,8 @@
 //! `docs/redis-store.md` describes the record and the guarantees.
 
 use redis::Value;
+use sluice_core::{Adjustment, Algorithm, StoreResult, Timestamp};
 use sluice_core::{Check, Decision, Lease, Refund, ReservationId, Settlement, StoreError};
-use sluice_core::{StoreResult, Timestamp};
 
 use super::RedisStore;
 use crate::scripts;
@@ -149,14 +149,15 @@ impl RedisStore {
                 .parse()
                 .map_err(|_| bad("a cost that is not a count"))?;
             reserved = reserved.max(cost);
-            let (charge, units) = if used < cost {
-                (false, cost - used)
-            } else {
-                (true, used - cost)
+            let algorithm = Algorithm::ALL
+                .into_iter()
+                .find(|a| a.spec().code.to_string() == entry[1])
+                .ok_or_else(|| bad("an unknown algorithm code"))?;
+            let (charge, units) = match Adjustment::of(algorithm, cost, used) {
+                Some(Adjustment::Refund(units)) => (false, units),
+                Some(Adjustment::Charge(units)) => (true, units),
+                None => continue,
             };
-            if units == 0 {
-                continue;
-            }
             let mut args: Vec<String> = entry[1..].to_vec();
             args[1] = units.min(EXACT).to_string();
             keys.push(entry[0].clone());

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use sluice_core::{
-    Alignment, BucketedWindow, FixedWindow, Gcra, LeakyQueue, Policy, Rate, SlidingCounter,
-    SlidingLog, TokenBucket,
+    Alignment, BucketedWindow, ConcurrencyLimit, FixedWindow, Gcra, LeakyQueue, Policy, Rate,
+    SlidingCounter, SlidingLog, TokenBucket,
 };
 
 /// One policy per algorithm with a limit of 50 that does not refill in the seconds a test runs,
@@ -21,6 +21,7 @@ pub fn fifty_per_hour() -> Vec<Policy> {
         SlidingLog::new(50, hour).map(Policy::from),
         SlidingCounter::new(50, hour).map(Policy::from),
         BucketedWindow::new(50, hour, 60).map(Policy::from),
+        ConcurrencyLimit::new(50, hour).map(Policy::from),
     ]
     .into_iter()
     .map(|p| p.expect("valid policy"))

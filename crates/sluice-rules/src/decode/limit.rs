@@ -1,9 +1,10 @@
 //! One limit: `unlimited`, or a window (Envoy's `unit` or any `window`), an amount per window,
-//! a `name` and what it `replaces`, each read where it is written; the algorithm's part is in
-//! `algorithm.rs`.
+//! a `name` and what it `replaces`, each read where it is written, or a limit on requests in
+//! flight (`concurrency`, with its `ttl`); the algorithm's part is in `algorithm.rs`.
 
 use std::sync::Arc;
 
+use sluice_core::algorithm::DEFAULT_CONCURRENCY_TTL;
 use sluice_core::{Algorithm, PolicyError};
 
 use super::Decoder;
@@ -30,7 +31,12 @@ const LIMIT_FIELDS: &[&str] = &[
     "sub_windows",
     "action",
     "on_store_error",
+    "concurrency",
+    "ttl",
 ];
+
+/// The fields a concurrency limit has no use for: it counts requests in flight, not per window.
+const NOT_FOR_CONCURRENCY: [&str; 4] = ["requests_per_unit", "unit", "window", "algorithm"];
 const REPLACES_FIELDS: &[&str] = &["name"];
 
 /// What one limit entry turned out to be.
@@ -63,6 +69,8 @@ impl Decoder {
                 "queue_size",
                 "max_wait",
                 "sub_windows",
+                "concurrency",
+                "ttl",
             ] {
                 if let Some(n) = fields.get(param) {
                     let kind = ErrorKind::Conflict {
@@ -81,6 +89,18 @@ impl Decoder {
             .get("replaces")
             .map(|n| self.replaces(n, name.as_deref()))
             .unwrap_or_default();
+
+        if let Some(n) = fields.get("concurrency") {
+            return self.limit_in_flight(n, node, &fields, name, replaces, inherited, shadow_mode);
+        }
+        if let Some(n) = fields.get("ttl") {
+            let kind = ErrorKind::ParamNotForAlgorithm {
+                param: "ttl",
+                algorithm: "a limit per window",
+                applies_to: "concurrency limits".to_owned(),
+            };
+            self.error(n, kind);
+        }
 
         let algorithm_node = fields.get("algorithm");
         let algorithm = match algorithm_node {
@@ -160,6 +180,83 @@ impl Decoder {
         } else {
             Action::Reject
         });
+        Some(LimitEntry::Limit(LimitConfig {
+            name: name.map(Arc::from),
+            shadow: shadow_mode || action == Action::Shadow,
+            policy: Arc::new(policy),
+            replaces,
+            action,
+            on_store_error,
+            location: self.at(node),
+        }))
+    }
+
+    /// A limit on requests in flight: `concurrency: N`, with `ttl` (how long a hold counts when
+    /// its reservation is never settled, 5 minutes by default). Its algorithm is the table's
+    /// concurrent one, so no field of a limit per window applies.
+    #[allow(clippy::too_many_arguments)]
+    fn limit_in_flight(
+        &mut self,
+        count: &Node,
+        node: &Node,
+        fields: &super::fields::Fields<'_>,
+        name: Option<String>,
+        replaces: Vec<Arc<str>>,
+        inherited: &Inherited,
+        shadow_mode: bool,
+    ) -> Option<LimitEntry> {
+        let mut ok = true;
+        for field in NOT_FOR_CONCURRENCY
+            .into_iter()
+            .chain(sluice_core::algorithm::Param::ALL.map(|p| p.name()))
+        {
+            if let Some(n) = fields.get(field) {
+                let kind = ErrorKind::Conflict {
+                    first: "concurrency",
+                    second: param_name(field),
+                    hint: "a concurrency limit counts requests in flight, not per window; \
+                           keep one or the other",
+                };
+                self.error(n, kind);
+                ok = false;
+            }
+        }
+        let limit = self.uint("concurrency", count);
+        let ttl_node = fields.get("ttl");
+        let ttl = match ttl_node {
+            Some(n) => self.duration("ttl", n),
+            None => Some(DEFAULT_CONCURRENCY_TTL),
+        };
+        let action = match fields.get("action") {
+            Some(n) => self.action(n),
+            None => None,
+        }
+        .or_else(|| inherited.action.clone())
+        .unwrap_or(Action::Reject);
+        let on_store_error = fields
+            .get("on_store_error")
+            .and_then(|n| self.on_store_error(n))
+            .or(inherited.on_store_error)
+            .unwrap_or_default();
+        let (limit, ttl) = (limit?, ttl?);
+        if !ok {
+            return None;
+        }
+        let algorithm = Algorithm::ALL.into_iter().find(|a| a.spec().concurrent)?;
+        let policy = match algorithm
+            .spec()
+            .build(&sluice_core::algorithm::PolicyParams::new(limit, ttl))
+        {
+            Ok(p) => p,
+            Err(e) => {
+                let at = match e {
+                    PolicyError::ZeroDuration { .. } => ttl_node.unwrap_or(node),
+                    _ => count,
+                };
+                self.error(at, ErrorKind::Policy(e));
+                return None;
+            }
+        };
         Some(LimitEntry::Limit(LimitConfig {
             name: name.map(Arc::from),
             shadow: shadow_mode || action == Action::Shadow,

@@ -25,7 +25,11 @@ if lg == nil then
   local kind = 'other'
   if type(len) == 'number' then
     kind = 'none'
-    if len > 0 then kind = 'list' end
+    -- A list whose header is not a number is the concurrency limit's: it starts afresh.
+    if len > 0 then
+      kind = 'list'
+      if tonumber(redis.call('LINDEX', key, 0)) == nil then kind = 'other' end
+    end
   end
   -- With room for one new entry, so that the table is not resized for it: Lua sizes a table by
   -- its constructor, nil slots included.

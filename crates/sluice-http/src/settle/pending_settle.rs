@@ -1,4 +1,4 @@
-//! A reservation the gateway still has to settle. Whatever happens to the request, it is
+//! A reservation a front end still has to settle. Whatever happens to the request, it is
 //! settled once: with the usage read, or, when the request is dropped on the way (the client
 //! went away while the upstream answered), in full.
 
@@ -9,7 +9,7 @@ use sluice_limiter::Limiter;
 
 /// A reservation of `reserved` units, not yet settled.
 #[derive(Debug)]
-pub(crate) struct PendingSettle {
+pub struct PendingSettle {
     limiter: Arc<Limiter>,
     /// `None` once settled (or handed to the task that settles it).
     id: Option<ReservationId>,
@@ -17,7 +17,8 @@ pub(crate) struct PendingSettle {
 }
 
 impl PendingSettle {
-    pub(crate) fn new(limiter: Arc<Limiter>, id: ReservationId, reserved: u64) -> Self {
+    /// The reservation `id` of `reserved` units, to settle through `limiter`.
+    pub fn new(limiter: Arc<Limiter>, id: ReservationId, reserved: u64) -> Self {
         PendingSettle {
             limiter,
             id: Some(id),
@@ -26,12 +27,12 @@ impl PendingSettle {
     }
 
     /// The units reserved.
-    pub(crate) fn reserved(&self) -> u64 {
+    pub fn reserved(&self) -> u64 {
         self.reserved
     }
 
     /// Settles at `used` units, now.
-    pub(crate) async fn settle(mut self, used: u64) {
+    pub async fn settle(mut self, used: u64) {
         if let Some(id) = self.id.take() {
             settle(&self.limiter, &id, used, self.reserved).await;
         }
@@ -39,7 +40,7 @@ impl PendingSettle {
 
     /// Settles at `used` units in a task of its own, for where nothing can wait (a body being
     /// dropped). Without a runtime to run it, the reservation expires, which counts it in full.
-    pub(crate) fn settle_later(mut self, used: u64) {
+    pub fn settle_later(mut self, used: u64) {
         let Some(id) = self.id.take() else {
             return;
         };
@@ -60,7 +61,7 @@ impl Drop for PendingSettle {
 }
 
 /// Runs `task` on the current runtime, if there is one.
-pub(crate) fn spawn(task: impl Future<Output = ()> + Send + 'static) {
+pub fn spawn(task: impl Future<Output = ()> + Send + 'static) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             runtime.spawn(task);
