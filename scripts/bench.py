@@ -3,8 +3,9 @@
 
     python3 scripts/bench.py [service|redis|gateway|ab|hybrid|peers|usage|cluster ...] [--runs 3] [--secs 5] [--pin]
 
-- peers: every target of issue #15 against its peer, in one run, ending in the one table of
-  docs/BENCHMARKS.md. Servers on CPU 0 (taskset), the generator on CPU 1, CPU per answer from
+- peers: every target of issues #15, #27 and #29 against its peer, in one run, ending in the
+  one table of docs/BENCHMARKS.md: each row's figure, its target, its ratio and whether it was
+  met or missed. Servers on CPU 0 (taskset), the generator on CPU 1, CPU per answer from
   /proc/PID/stat (utime + stime over the run, divided by the answers), interleaved rounds (the
   order rotated each round), medians of per-round ratios, the load average and the other
   processes' CPU recorded with every run. Every peer is configured with the same limit,
@@ -15,7 +16,14 @@
   - memory store, gRPC `ShouldRateLimit`: against Limitador at 32×1, 128×1, 512×1 and 32×16
     (connections × streams per connection);
   - Redis store: Sluice's CPU per decision against redis-server's in the same run (Redis on
-    CPU 1), and the `redis-benchmark -P 16` ceiling for the same EVALSHA;
+    CPU 1), on HTTP `/json`, HTTP `/v1/check` and gRPC, and the `redis-benchmark -P 16`
+    ceiling for the same EVALSHA;
+  - hybrid store on cold keys: `hybrid+redis://` against the memory store, both on CPU 0,
+    Redis and the generator on CPU 1, HTTP `/json` over 10,000 keys in interleaved rounds:
+    CPU per answer against the memory store's, and Redis commands per decision (`INFO
+    commandstats` before and after each run);
+  - usage (issue #29): a `/v1/reserve` plus a `/v1/settle` against one `/v1/check`, server CPU
+    per call on the memory store, in interleaved rounds;
   - gateway: `sluice proxy` and nginx `limit_req` + `proxy_pass` in front of the same upstream,
     closed loop against the upstream direct, then all three at half of Sluice's maximum;
   - in process: criterion's `decisions` bench, token bucket and GCRA against governor keyed on
@@ -23,7 +31,10 @@
     `key_memory` example's bytes per key at 1M keys.
   throttlecrab-server is installed with `cargo install --root PEERS_DIR/throttlecrab` when
   missing; limitador-server is not on crates.io, so it is built by hand and given with
-  --limitador-bin (see docs/BENCHMARKS.md). --skip memory|redis|gateway|core leaves a part out.
+  --limitador-bin (see docs/BENCHMARKS.md). --skip memory|redis|hybrid|usage|gateway|core
+  leaves a part out. A part that measures elsewhere may add its own rows: `print_peers` prints
+  every `(path, measured, target, ratio, verdict)` tuple in `res["rows"]` after its own, and
+  every text in `res["details"]` after its figures.
 
 - service: `sluice serve` on the memory store, HTTP `/json` and gRPC, against the trivial
   upstream (`sluice bench upstream`) answering the same POST.
@@ -826,11 +837,63 @@ def peer_redis(tmp, log, runs, secs):
     grpc = lambda: bench("grpc", f"127.0.0.1:{grpc_port}", "--domain", "bench", "--descriptor",
                          "user=u{n}", secs=secs, cpus=GEN_CPU)
     grpc()
+    check = f"http://127.0.0.1:{http_port}/v1/check"
+    http_runner(check, BODY, secs)(1)
     return rounds(runs, {
         "ceiling": lambda: sample(ceiling, {"redis": redis}),
         "http": lambda: sample(http_runner(url, BODY, secs), {"server": serve, "redis": redis}),
+        "http_check": lambda: sample(http_runner(check, BODY, secs), {"server": serve, "redis": redis}),
         "grpc": lambda: sample(grpc, {"server": serve, "redis": redis}),
     }, "Redis store")
+
+
+def peer_hybrid(tmp, log, runs, secs):
+    """The hybrid store on cold keys against the memory store: both services alive throughout on
+    CPU 0, redis-server and the generator on CPU 1, HTTP `/json` closed loop over 10,000 keys in
+    interleaved rounds; each hybrid run also counts the commands Redis ran."""
+    redis_port = free_port()
+    redis_proc = start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                        "--appendonly", "no"], log, cpus=GEN_CPU)
+    wait_port(redis_port, "redis-server")
+    stores = {"memory": ["--store", "memory"],
+              "hybrid": ["--store", f"hybrid+redis://127.0.0.1:{redis_port}", "--store-prefix", "bench"]}
+    runners = {}
+    for name, store in stores.items():
+        http_port, _ = start_serve(tmp, log, *store, rules="peers.yaml", cpus=SERVER_CPU)
+        runners[name] = (children[-1], http_runner(f"http://127.0.0.1:{http_port}/json", BODY, secs))
+    for _, run in runners.values():  # untimed: connections, allocator, the keys, the scripts
+        run(1)
+
+    def measured(name):
+        proc, run = runners[name]
+
+        def one():
+            before = redis_calls(redis_port)
+            report = sample(run, {"server": proc, "redis": redis_proc})
+            after = redis_calls(redis_port)
+            report["redis_calls"] = sum(after.values()) - sum(before.values())
+            return report
+        return one
+
+    return rounds(runs, {name: measured(name) for name in runners}, "hybrid, cold keys")
+
+
+def peer_usage(tmp, log, runs, secs):
+    """A `/v1/reserve` plus a `/v1/settle` (one call of `sluice bench usage`) against one
+    `/v1/check`, on one service on the memory store on CPU 0, the generator on CPU 1."""
+    with open(os.path.join(tmp, "usage.yaml"), "w") as f:
+        f.write(USAGE_RULES)
+    port, _ = start_serve(tmp, log, rules="usage.yaml", cpus=SERVER_CPU)
+    proc = children[-1]
+    url = f"http://127.0.0.1:{port}"
+    check = lambda s=secs: bench("http", f"{url}/v1/check", "-X", "POST", "-d", USAGE_CHECK_BODY,
+                                 secs=s, cpus=GEN_CPU)
+    call = lambda s=secs: bench("usage", url, "--flow", "reserve", "--domain", "llm", "--descriptor",
+                                "user=u{n}", "--ttl", "5m", secs=s, cpus=GEN_CPU)
+    check(1)
+    call(1)
+    return rounds(runs, {"check": lambda: sample(check, {"server": proc}),
+                         "reserve_settle": lambda: sample(call, {"server": proc})}, "usage calls")
 
 
 def peer_gateway(tmp, log, runs, secs, bins):
@@ -944,6 +1007,14 @@ def peers(tmp, args):
             res["redis"] = peer_redis(tmp, log, args.runs, args.secs)
             stop_all()
             children.clear()
+        if "hybrid" not in skip:
+            res["hybrid"] = peer_hybrid(tmp, log, args.runs, args.secs)
+            stop_all()
+            children.clear()
+        if "usage" not in skip:
+            res["usage"] = peer_usage(tmp, log, args.runs, args.secs)
+            stop_all()
+            children.clear()
         if "gateway" not in skip:
             res["gateway"] = peer_gateway(tmp, log, args.runs, args.secs, bins)
             stop_all()
@@ -986,7 +1057,8 @@ def gen(reports):
 
 
 def print_peers(res, args, commit, dirty, started):
-    """The one table of issue #15's targets, then the figures behind each row."""
+    """The one table of the targets (issues #15, #27 and #29), each row's figure, target, ratio
+    and met or missed, then the figures behind each row."""
     rows, details, all_reports = [], [], []
 
     def busy_mark(reports):
@@ -1060,18 +1132,19 @@ def print_peers(res, args, commit, dirty, started):
         rd = res["redis"]
         c, mark = busy_mark([r for v in rd.values() for r in v])
         redis_cpu = lambda r: r["cpu"]["redis"]
-        vs_redis = {p: med([r["cpu"]["server"] / r["cpu"]["redis"] for r in rd[p]]) for p in ["http", "grpc"]}
-        of_ceiling = {p: per_round(rd[p], rd["ceiling"], tp) for p in ["http", "grpc"]}
+        paths = [p for p in ["http", "http_check", "grpc"] if p in rd]
+        label = {"http": "HTTP `/json`", "http_check": "HTTP `/v1/check`", "grpc": "gRPC"}
+        vs_redis = {p: med([r["cpu"]["server"] / r["cpu"]["redis"] for r in rd[p]]) for p in paths}
+        of_ceiling = {p: per_round(rd[p], rd["ceiling"], tp) for p in paths}
         rows.append((
             "Redis store: Sluice's CPU per decision against Redis's own in the same run",
-            f"HTTP {med([cpu(r) for r in rd['http']]):.1f} µs against Redis's "
-            f"{med([redis_cpu(r) for r in rd['http']]):.1f}; gRPC {med([cpu(r) for r in rd['grpc']]):.1f} "
-            f"against {med([redis_cpu(r) for r in rd['grpc']]):.1f}; "
-            f"{of_ceiling['http']:.2f} (HTTP) and {of_ceiling['grpc']:.2f} (gRPC) of the "
-            f"`redis-benchmark -P 16` ceiling{mark}",
-            "≤ Redis's own CPU per decision (1.00×)",
-            f"HTTP {vs_redis['http']:.2f}×, gRPC {vs_redis['grpc']:.2f}×",
-            verdict(vs_redis["http"] <= 1 and vs_redis["grpc"] <= 1)))
+            "; ".join(f"{label[p]} {med([cpu(r) for r in rd[p]]):.1f} µs against Redis's "
+                      f"{med([redis_cpu(r) for r in rd[p]]):.1f}" for p in paths)
+            + "; " + ", ".join(f"{of_ceiling[p]:.2f} ({label[p]})" for p in paths)
+            + f" of the `redis-benchmark -P 16` ceiling{mark}",
+            "≤ Redis's own CPU per decision (1.00×), on HTTP and gRPC",
+            ", ".join(f"{label[p]} {vs_redis[p]:.2f}×" for p in paths),
+            verdict(all(v <= 1 for v in vs_redis.values()))))
         lines = [f"#### The Redis store, {plural(args.runs, 'round')} × {args.secs} s, 64 workers, 10,000 keys; "
                  f"{conditions_text(c)}", "",
                  "| path | answers/s | × ceiling | Sluice CPU µs/decision | Redis CPU µs/decision "
@@ -1080,10 +1153,61 @@ def print_peers(res, args, commit, dirty, started):
         lines.append(f"| `redis-benchmark -P 16 -c 50`, the same EVALSHA (**ceiling**) "
                      f"| {med([tp(r) for r in rd['ceiling']]):,.0f} | 1.00 | | "
                      f"{med([redis_cpu(r) for r in rd['ceiling']]):.1f} | | |")
-        for p, name in [("http", "`sluice serve` HTTP `/json`"), ("grpc", "`sluice serve` gRPC, 2 connections")]:
+        for p, name in [("http", "`sluice serve` HTTP `/json`"), ("http_check", "`sluice serve` HTTP `/v1/check`"),
+                        ("grpc", "`sluice serve` gRPC, 2 connections")]:
+            if p not in rd:
+                continue
             lines.append(f"| {name} | {med([tp(r) for r in rd[p]]):,.0f} | {of_ceiling[p]:.2f} "
                          f"| {med([cpu(r) for r in rd[p]]):.1f} | {med([redis_cpu(r) for r in rd[p]]):.1f} "
                          f"| {vs_redis[p]:.2f} | {med([p99(r) for r in rd[p]]):,.0f} |")
+        details.append("\n".join(lines))
+
+    if "hybrid" in res:
+        hy = res["hybrid"]
+        c, mark = busy_mark([r for v in hy.values() for r in v])
+        vs_memory = per_round(hy["hybrid"], hy["memory"], cpu)
+        commands = med([r["redis_calls"] / max(r["requests"], 1) for r in hy["hybrid"]])
+        per_key = med([tp(r) for r in hy["hybrid"]]) * SYNC_INTERVAL / KEYS
+        rows.append((
+            f"hybrid store, {KEYS:,} cold keys: CPU per answer against the memory store's, and "
+            "Redis commands per decision",
+            f"{med([cpu(r) for r in hy['hybrid']]):.1f} µs against {med([cpu(r) for r in hy['memory']]):.1f}; "
+            f"{commands:.3f} commands per decision at {per_key:.2f} requests per key per sync{mark}",
+            "≤ 1.1× the memory store's CPU per answer; ≤ 0.1 commands per decision",
+            f"{vs_memory:.2f}× memory, {commands / 0.1:.2f}× the commands bound",
+            verdict(vs_memory <= 1.1 and commands <= 0.1)))
+        lines = [f"#### The hybrid store on cold keys, {plural(args.runs, 'round')} × {args.secs} s, HTTP "
+                 f"`/json`, 64 connections, {KEYS:,} keys, the services on CPU 0, Redis and the generator "
+                 f"on CPU 1; {conditions_text(c)}", "",
+                 "| store | answers/s | server CPU µs/answer | × memory | Redis CPU µs/answer "
+                 "| Redis commands per decision | p99 µs |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, reps in hy.items():
+            cmds = (f"{med([r['redis_calls'] / max(r['requests'], 1) for r in reps]):.3f}"
+                    if name == "hybrid" else "")
+            lines.append(f"| {name} | {med([tp(r) for r in reps]):,.0f} | {med([cpu(r) for r in reps]):.1f} "
+                         f"| {per_round(reps, hy['memory'], cpu):.2f} "
+                         f"| {med([r['cpu']['redis'] for r in reps]):.2f} | {cmds} "
+                         f"| {med([p99(r) for r in reps]):,.0f} |")
+        details.append("\n".join(lines))
+
+    if "usage" in res:
+        us = res["usage"]
+        c, mark = busy_mark([r for v in us.values() for r in v])
+        vs_check = per_round(us["reserve_settle"], us["check"], cpu)
+        rows.append((
+            "usage: `/v1/reserve` + `/v1/settle` against one `/v1/check`, memory: server CPU per call",
+            f"{med([cpu(r) for r in us['reserve_settle']]):.1f} µs against "
+            f"{med([cpu(r) for r in us['check']]):.1f} µs{mark}",
+            "≤ 2× one `/v1/check`", f"{vs_check:.2f}×", verdict(vs_check <= 2)))
+        lines = [f"#### Usage calls on the memory store, {plural(args.runs, 'round')} × {args.secs} s, 64 "
+                 f"workers, {KEYS:,} keys, the server on CPU 0; {conditions_text(c)}", "",
+                 "| call | calls/s | server CPU µs/call | × `/v1/check` | p99 µs |",
+                 "|---|---:|---:|---:|---:|"]
+        for name, label in [("check", "`/v1/check`"), ("reserve_settle", "`/v1/reserve` + `/v1/settle`")]:
+            reps = us[name]
+            lines.append(f"| {label} | {med([tp(r) for r in reps]):,.0f} | {med([cpu(r) for r in reps]):.1f} "
+                         f"| {per_round(reps, us['check'], cpu):.2f} | {med([p99(r) for r in reps]):,.0f} |")
         details.append("\n".join(lines))
 
     if "gateway" in res:
@@ -1092,6 +1216,12 @@ def print_peers(res, args, commit, dirty, started):
         c, mark = busy_mark([r for v in list(closed.values()) + list(half.values()) for r in v])
         of_direct = {p: per_round(closed[p], closed["direct"], tp) for p in ["sluice", "nginx"]}
         added = {p: med([p99(x) - p99(d) for x, d in zip(half[p], half["direct"])]) for p in ["sluice", "nginx"]}
+        vs_nginx = per_round(closed["sluice"], closed["nginx"], cpu)
+        rows.append((
+            "gateway: CPU per proxied answer against nginx `limit_req` + `proxy_pass`, same upstream",
+            f"{med([cpu(r) for r in closed['sluice']]):.1f} µs against nginx's "
+            f"{med([cpu(r) for r in closed['nginx']]):.1f} µs{mark}",
+            "≤ 1.0× nginx's CPU per answer", f"{vs_nginx:.2f}× nginx's", verdict(vs_nginx <= 1)))
         rows.append((
             "gateway against nginx `limit_req` in front of the same upstream: throughput",
             f"{of_direct['sluice']:.2f} of direct against nginx's {of_direct['nginx']:.2f}{mark}",
@@ -1163,7 +1293,9 @@ def print_peers(res, args, commit, dirty, started):
             "≤ 100 bytes", f"{max(ours.values()) / 100:.2f}× the bound",
             verdict(all(v <= 100 for v in ours.values()))))
 
-    print(f"\n### Issue #15's targets: commit `{commit}`, {started}\n")
+    rows.extend(res.get("rows", []))
+    details.extend(res.get("details", []))
+    print(f"\n### The targets (issues #15, #27 and #29): commit `{commit}`, {started}\n")
     if dirty:
         print(f"The tree had uncommitted changes to {', '.join(f'`{d}`' for d in dirty)}; the binaries "
               "measured include them.\n")
@@ -1428,7 +1560,8 @@ def main():
                         "looked for); default $SLUICE_PEERS_DIR or /tmp/sluice-peers")
     parser.add_argument("--limitador-bin", help="peers: the limitador-server binary (default: "
                         "PEERS_DIR/limitador/limitador-server)")
-    parser.add_argument("--skip", action="append", choices=["memory", "redis", "gateway", "core"],
+    parser.add_argument("--skip", action="append",
+                        choices=["memory", "redis", "hybrid", "usage", "gateway", "core"],
                         help="peers: leave a part out (repeatable)")
     parser.add_argument("--core-saved", action="store_true",
                         help="peers: read the in-process figures from the criterion baselines "
