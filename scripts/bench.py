@@ -1374,7 +1374,7 @@ def cluster(tmp, runs, secs, baseline_bin=None):
         http_port, grpc_port = free_port(), free_port()
         serve = start([binary, "serve", "--config", rules, "--http-addr", f"127.0.0.1:{http_port}",
                        "--grpc-addr", f"127.0.0.1:{grpc_port}", "--store", url,
-                       "--store-prefix", f"bench-{len(runners)}"], log, cpus=own)
+                       "--store-prefix", f"bench-{len(servers)}"], log, cpus=own)
         wait_port(http_port, f"{name} serve")
         json_url = f"http://127.0.0.1:{http_port}/json"
         # Warm: scripts loaded on every master, connections open.
