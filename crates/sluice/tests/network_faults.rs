@@ -144,8 +144,9 @@ impl Namespace {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
-        // The admin test takes the block at (pid % 32768) * 4 of the same range: the other
-        // half of the /29 here keeps the two apart whichever processes run together.
+        // A /30 chosen by the process id, as the admin test chooses its own: two runs at once
+        // share one only if their ids agree modulo 16,384 (or, with the admin test's, in a
+        // rarer way), and the names, which hold the whole id, never clash.
         let block = (pid % 16_384) * 8 + 4;
         let base = format!("198.{}.{}", 18 + block / 65_536, (block / 256) % 256);
         let last = block % 256;
