@@ -33,7 +33,8 @@
 //!   `send`: its socket has taken no byte for that long ([`SendProgress`] tells when a write
 //!   blocks), or an answer's body waits that long to be asked for its next part (hyper asks
 //!   only once the last part is on its way: an h2 client that grants no flow-control window
-//!   stalls it without filling any buffer). Such a client reads nothing, so nothing said to it
+//!   stalls it without filling any buffer, and hyper holds the part it has until the window
+//!   opens). Such a client reads nothing, so nothing said to it
 //!   could arrive; without this deadline a client that never read held its connection, and the
 //!   answers not yet written, for as long as it stayed.
 //!
@@ -326,8 +327,9 @@ pin_project_lite::pin_project! {
 
 impl<B> Tracked<B> {
     /// `body`, holding `in_flight` for as long as it lives. It waits on the connection from
-    /// now until first asked for a part: an h2 connection asks only once the client's window
-    /// lets a part go, and a client that grants none would otherwise hold it unseen.
+    /// now until first asked for a part, so that an answer whose body is never asked for at
+    /// all (its connection's writes stuck behind an earlier answer, or an h2 stream waiting
+    /// for window before its first part) counts as stalled too.
     pub fn new(body: B, mut in_flight: InFlight) -> Self {
         in_flight.produced();
         Tracked { body, in_flight }
