@@ -33,7 +33,8 @@
 //!   `send`: its socket has taken no byte for that long ([`SendProgress`] tells when a write
 //!   blocks), or an answer's body waits that long to be asked for its next part (hyper asks
 //!   only once the last part is on its way: an h2 client that grants no flow-control window
-//!   stalls it without filling any buffer). Such a client reads nothing, so nothing said to it
+//!   stalls it without filling any buffer, and hyper holds the part it has until the window
+//!   opens). Such a client reads nothing, so nothing said to it
 //!   could arrive; without this deadline a client that never read held its connection, and the
 //!   answers not yet written, for as long as it stayed.
 //!
@@ -192,9 +193,9 @@ impl Activity {
 
     /// When the connection's output should next be looked at, or [`Next::Stalled`] when it has
     /// made no progress for `send`. A socket whose writes block says so at once (the activity
-    /// is told); an answer's body waiting to be asked for its next part does not, since that
-    /// happens on every answer, between two parts: while answers are in flight, the output is
-    /// looked at every `send`, and a stall that began since is then seen with its start.
+    /// is told); an answer waiting to be asked for its body's next part does not, since that
+    /// happens on every answer, between two parts: the output is looked at every `send`, and a
+    /// stall that began since is then seen with its start, so it is cut exactly `send` after.
     fn next_for_output(&self, now: Instant, limits: &ConnectionLimits) -> Next {
         let s = &self.shared;
         let stalled =
@@ -207,10 +208,9 @@ impl Activity {
             }
             return Next::At(deadline);
         }
-        if s.in_flight.load(Ordering::Acquire) > 0 {
-            return Next::At(now + limits.send);
-        }
-        Next::At(now + limits.idle.max(limits.send))
+        // Not stalled now, but a request may come and stall at any moment without telling:
+        // look again within a send timeout (one timer a connection, however busy).
+        Next::At(now + limits.send)
     }
 
     /// When the connection should next be looked at for its requests (the first head's
@@ -285,8 +285,8 @@ impl InFlight {
         }
     }
 
-    /// The answer's body has produced a part: until it is asked for the next one, it waits on
-    /// the connection.
+    /// The answer (its head, or a part of its body) has been produced: until its body is asked
+    /// for the next part, it waits on the connection.
     fn produced(&mut self) {
         let s = &self.shared;
         s.output_progress_ms
@@ -326,8 +326,12 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> Tracked<B> {
-    /// `body`, holding `in_flight` for as long as it lives.
-    pub fn new(body: B, in_flight: InFlight) -> Self {
+    /// `body`, holding `in_flight` for as long as it lives. It waits on the connection from
+    /// now until first asked for a part, so that an answer whose body is never asked for at
+    /// all (its connection's writes stuck behind an earlier answer, or an h2 stream waiting
+    /// for window before its first part) counts as stalled too.
+    pub fn new(body: B, mut in_flight: InFlight) -> Self {
+        in_flight.produced();
         Tracked { body, in_flight }
     }
 }

@@ -1,7 +1,7 @@
-//! Network faults between Sluice and Redis: a real `sluice serve` on this host, its Redis in a
-//! network namespace the test makes, joined to this one by a veth pair, and faults made on
-//! that link while clients send decisions: 50 ms added each way, 5% of packets lost each way,
-//! a full partition for 3 s and its healing, and a link that goes down and up every second.
+//! Network faults between Sluice and Redis: a real `sluice serve` in a network namespace the
+//! test makes, its Redis in another, the two joined by a veth pair, and faults made on that
+//! link while clients send decisions: 5% of packets lost each way, a full partition for 3 s and
+//! its healing, and a link that goes down and up every second; and 50 ms added each way.
 //!
 //! Each fault is held for a few seconds of load (16 clients, half on a rule with
 //! `on_store_error: allow`, half on one with `deny`, both with limits no test reaches), and the
@@ -18,20 +18,20 @@
 //! - after every fault has healed, the process holds no more threads, file descriptors
 //!   (`/proc/PID/fd`) or resident memory than after the warm-up, beyond [`MARGINS`].
 //!
-//! **How the faults are made.** The faults are packet filters (nftables) in the Redis
-//! namespace, on its end of the pair, so the host's own firewall is never touched: loss is
-//! `numgen random mod 100 < 5 drop` in both directions, a partition drops everything. Debian's
-//! `tc netem` would make them as well, but this machine's kernel (and CI's) is built without
-//! it (`CONFIG_NET_SCH_NETEM` not set: `tc qdisc add … netem` answers "Specified qdisc kind is
-//! unknown"), and nothing else in the kernel delays packets; the added latency is therefore a
-//! relay in the test, between Sluice and the link, that holds every chunk 50 ms in each
-//! direction before passing it on. A second `sluice serve` uses the relay, so that the first
-//! one's connections to Redis cross only the filtered link, and a partition is seen as one is:
-//! connecting times out too.
+//! **How the faults are made.** The test's clients reach Sluice through a second veth pair,
+//! from this namespace to Sluice's, which no fault touches. The faults are packet filters
+//! (nftables) in Redis's namespace, on its end of the link, so no other namespace's firewall is
+//! touched: loss is `numgen random mod 100 < 5 drop` in both directions, a partition drops
+//! everything (connecting included). Debian's `tc netem` would make them as well, but this
+//! machine's kernel (and CI's) is built without it (`CONFIG_NET_SCH_NETEM` not set: `tc qdisc
+//! add … netem` answers "Specified qdisc kind is unknown"), and nothing else in the kernel
+//! delays packets; the added latency is therefore a relay in the test that holds every chunk
+//! 50 ms in each direction before passing it on, between a `sluice serve` and a `redis-server`
+//! of its own on this namespace's loopback.
 //!
 //! Creating a namespace needs root (CAP_NET_ADMIN). Without it the test says why on stderr and
 //! passes without running; `./scripts/test` installs `ip` (iproute2) and `nft` (nftables) when
-//! they are missing. The whole test takes about a minute.
+//! they are missing. The whole test takes about 25 s.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -40,8 +40,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use sluice_redis::testing::RedisServer;
 use sluice_test_support::{
-    ServeProcess, Spawned, eventually_within, free_port, rules_file, spawn_captured_listening,
+    ServeBuilder, ServeProcess, Spawned, eventually_within, free_port, rules_file, wait_until,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -102,26 +103,33 @@ fn run_ok(program: &str, args: &[&str]) {
     );
 }
 
-/// A network namespace joined to this one by a veth pair, where Redis runs and faults are
-/// made; deleted (with the pair) when dropped, panic or not.
-struct Namespace {
-    name: String,
-    veth: String,
-    /// Its address on the pair, where Redis listens.
-    addr: String,
+/// Two network namespaces the test makes: Sluice's, joined to this one by a veth pair (where
+/// the test's clients reach it), and Redis's, joined to Sluice's by another, the link where
+/// faults are made. Deleted (with the pairs) when dropped, panic or not.
+struct Namespaces {
+    /// Sluice's namespace.
+    serve: String,
+    /// Sluice's address on the pair to this namespace.
+    serve_addr: String,
+    /// This namespace's end of that pair.
+    host_veth: String,
+    /// Redis's namespace.
+    redis: String,
+    /// Redis's address on the pair to Sluice's namespace.
+    redis_addr: String,
     /// Where faults are made.
     link: Filter,
 }
 
-/// The packet filter of the namespace's end of the pair.
+/// The packet filter of Redis's end of the link.
 #[derive(Debug, Clone)]
 struct Filter {
     namespace: String,
-    /// The namespace's end of the pair.
+    /// Redis's end of the pair.
     iface: String,
 }
 
-/// The state of the link, as the namespace's packet filter makes it.
+/// The state of the link, as Redis's namespace's packet filter makes it.
 #[derive(Debug, Clone, Copy)]
 enum Link {
     Healthy,
@@ -130,65 +138,152 @@ enum Link {
     Partitioned,
 }
 
-impl Namespace {
-    /// Creates the namespace and the pair on a /30 of 198.18.0.0/15 (reserved for network
-    /// tests, RFC 2544), named after this process; a table of its own in its packet filter.
-    /// `Err` says why this machine cannot.
-    fn create() -> Result<Namespace, String> {
+impl Namespaces {
+    /// Creates both namespaces and both pairs, on two /30s of 198.18.0.0/15 (reserved for
+    /// network tests, RFC 2544), named after this process; a table of its own in Redis's
+    /// packet filter. `Err` says why this machine cannot.
+    fn create() -> Result<Namespaces, String> {
         let pid = std::process::id();
-        let name = format!("sluice-faults-{pid}");
-        let out = run("ip", &["netns", "add", &name]);
+        let (serve, redis) = (format!("sluice-serve-{pid}"), format!("sluice-redis-{pid}"));
+        let out = run("ip", &["netns", "add", &serve]);
         if !out.status.success() {
             return Err(format!(
                 "cannot create a network namespace (root with CAP_NET_ADMIN is needed): {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
-        // The admin test takes the block at (pid % 32768) * 4 of the same range: the other
-        // half of the /29 here keeps the two apart whichever processes run together.
-        let block = (pid % 16_384) * 8 + 4;
+        // Two /30s chosen by the process id, as the admin test chooses its own: two runs at
+        // once share one only if their ids agree modulo 16,384 (or, with the admin test's, in
+        // a rarer way), and the names, which hold the whole id, never clash. Only the first
+        // is seen from this namespace.
+        let block = (pid % 16_384) * 8;
         let base = format!("198.{}.{}", 18 + block / 65_536, (block / 256) % 256);
         let last = block % 256;
-        let namespace = Namespace {
+        let namespaces = Namespaces {
+            serve_addr: format!("{base}.{}", last + 2),
+            host_veth: format!("sfh{pid}"),
+            redis_addr: format!("{base}.{}", last + 6),
             link: Filter {
-                namespace: name.clone(),
-                iface: format!("sfn{pid}"),
+                namespace: redis.clone(),
+                iface: format!("sfr{pid}"),
             },
-            name,
-            veth: format!("sfh{pid}"),
-            addr: format!("{base}.{}", last + 2),
+            serve,
+            redis,
         };
-        let ns = namespace.name.as_str();
-        let (veth, inner) = (namespace.veth.as_str(), namespace.link.iface.as_str());
+        let (serve, redis) = (namespaces.serve.as_str(), namespaces.redis.as_str());
+        run_ok("ip", &["netns", "add", redis]);
+        for ns in [serve, redis] {
+            run_ok("ip", &["-n", ns, "link", "set", "lo", "up"]);
+        }
+        // This namespace to Sluice's.
+        let (host_veth, serve_veth) = (namespaces.host_veth.as_str(), format!("sfs{pid}"));
         run_ok(
             "ip",
             &[
-                "link", "add", veth, "type", "veth", "peer", "name", inner, "netns", ns,
+                "link",
+                "add",
+                host_veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &serve_veth,
+                "netns",
+                serve,
             ],
         );
-        let host_cidr = format!("{base}.{}/30", last + 1);
-        run_ok("ip", &["addr", "add", &host_cidr, "dev", veth]);
-        run_ok("ip", &["link", "set", veth, "up"]);
-        let inner_cidr = format!("{}/30", namespace.addr);
-        run_ok("ip", &["-n", ns, "addr", "add", &inner_cidr, "dev", inner]);
-        run_ok("ip", &["-n", ns, "link", "set", inner, "up"]);
-        run_ok("ip", &["-n", ns, "link", "set", "lo", "up"]);
-        namespace
+        run_ok(
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{base}.{}/30", last + 1),
+                "dev",
+                host_veth,
+            ],
+        );
+        run_ok("ip", &["link", "set", host_veth, "up"]);
+        let serve_cidr = format!("{}/30", namespaces.serve_addr);
+        run_ok(
+            "ip",
+            &["-n", serve, "addr", "add", &serve_cidr, "dev", &serve_veth],
+        );
+        run_ok("ip", &["-n", serve, "link", "set", &serve_veth, "up"]);
+        // Sluice's to Redis's: the link.
+        let (to_redis, redis_veth) = (format!("sft{pid}"), namespaces.link.iface.as_str());
+        run_ok(
+            "ip",
+            &[
+                "-n", serve, "link", "add", &to_redis, "type", "veth", "peer", "name", redis_veth,
+                "netns", redis,
+            ],
+        );
+        let to_redis_cidr = format!("{base}.{}/30", last + 5);
+        run_ok(
+            "ip",
+            &["-n", serve, "addr", "add", &to_redis_cidr, "dev", &to_redis],
+        );
+        run_ok("ip", &["-n", serve, "link", "set", &to_redis, "up"]);
+        let redis_cidr = format!("{}/30", namespaces.redis_addr);
+        run_ok(
+            "ip",
+            &["-n", redis, "addr", "add", &redis_cidr, "dev", redis_veth],
+        );
+        run_ok("ip", &["-n", redis, "link", "set", redis_veth, "up"]);
+        namespaces
             .link
             .set(Link::Healthy)
             .map_err(|e| format!("cannot filter packets in a namespace (nftables): {e}"))?;
-        Ok(namespace)
+        Ok(namespaces)
     }
 
-    /// `redis-server` inside the namespace, listening on its address, saving nothing.
+    /// `redis-server` in Redis's namespace, listening on its address, saving nothing, once it
+    /// answers `PING` from Sluice's namespace.
     fn redis(&self) -> (Spawned, String) {
         let port = free_port().to_string();
-        let addr = format!("{}:{port}", self.addr);
         let mut command = Command::new("ip");
-        command.args(["netns", "exec", &self.name, "redis-server"]);
-        command.args(["--bind", &self.addr, "--port", &port]);
+        command.args(["netns", "exec", &self.redis, "redis-server"]);
+        command.args(["--bind", &self.redis_addr, "--port", &port]);
         command.args(["--save", "", "--appendonly", "no", "--protected-mode", "no"]);
-        (spawn_captured_listening(command, &addr), addr)
+        command.stdout(Stdio::null()).stderr(Stdio::null());
+        let redis = Spawned::spawn(&mut command);
+        wait_until("redis-server answering from Sluice's namespace", || {
+            let pong = run(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    &self.serve,
+                    "redis-cli",
+                    "-h",
+                    &self.redis_addr,
+                    "-p",
+                    &port,
+                    "ping",
+                ],
+            );
+            String::from_utf8_lossy(&pong.stdout).trim() == "PONG"
+        });
+        (redis, format!("{}:{port}", self.redis_addr))
+    }
+
+    /// `sluice serve` in Sluice's namespace, its HTTP listener on the address this namespace
+    /// reaches, on `store`.
+    fn serve(&self, rules: &std::path::Path, store: &str) -> ServeProcess {
+        serve_builder(rules, store)
+            .launched_by("ip", ["netns", "exec", &self.serve])
+            .http_addr(format!("{}:{}", self.serve_addr, free_port()))
+            .start()
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        // Deleting a namespace destroys its ends of the pairs, and with them the other ends;
+        // this end is deleted too in case the namespace went first.
+        let _ = run("ip", &["netns", "del", &self.redis]);
+        let _ = run("ip", &["netns", "del", &self.serve]);
+        let _ = run("ip", &["link", "del", &self.host_veth]);
     }
 }
 
@@ -232,13 +327,6 @@ impl Filter {
     fn must_set(&self, state: Link) {
         self.set(state)
             .unwrap_or_else(|e| panic!("setting the link {state:?}: {e}"));
-    }
-}
-
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        let _ = run("ip", &["netns", "del", &self.name]);
-        let _ = run("ip", &["link", "del", &self.veth]);
     }
 }
 
@@ -505,34 +593,34 @@ fn held(pid: u32) -> Held {
 }
 
 /// `sluice serve` on `store`, its store calls bounded by [`STORE_TIMEOUT`].
-fn serve(rules: &std::path::Path, store: &str) -> ServeProcess {
+fn serve_builder(rules: &std::path::Path, store: &str) -> ServeBuilder {
     let timeout = STORE_TIMEOUT.as_millis().to_string();
     ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
         .config(rules)
         .args(["--store", store, "--store-timeout-ms", &timeout])
-        .start()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
-    let namespace = match Namespace::create() {
-        Ok(namespace) => namespace,
+    let namespaces = match Namespaces::create() {
+        Ok(namespaces) => namespaces,
         Err(why) => {
             eprintln!("network_faults: skipped: {why}");
             return;
         }
     };
-    let (_redis, redis_addr) = namespace.redis();
     let (rules, _dir) = rules_file("rules.yaml", RULES);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
 
-    // Added latency, through the relay: every call crosses it twice, 100 ms in all, within the
-    // store's timeout, so every answer is Redis's decision.
-    let relay = delaying_relay(redis_addr.clone(), Duration::from_millis(50)).await;
-    let delayed = serve(&rules, &format!("redis://{relay}"));
+    // Added latency, through the relay, on this namespace's loopback: every call crosses it
+    // twice, 100 ms in all, within the store's timeout, so every answer is Redis's decision.
+    let local_redis = RedisServer::start();
+    let upstream = local_redis.url().trim_start_matches("redis://").to_owned();
+    let relay = delaying_relay(upstream, Duration::from_millis(50)).await;
+    let delayed = serve_builder(&rules, &format!("redis://{relay}")).start();
     // The first calls load the scripts (a second round trip), which the latency can push past
     // the timeout: the load begins once Redis decides.
     recovered(&client, delayed.http(), "50 ms each way, before the load").await;
@@ -543,10 +631,11 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
         "50 ms each way: the deny rule turned requests away, so store calls failed"
     );
     assert_eq!(breaker(&client, delayed.http()).await, "closed");
-    drop(delayed);
+    drop((delayed, local_redis));
 
-    // The other faults, on the link itself.
-    let sluice = serve(&rules, &format!("redis://{redis_addr}"));
+    // The other faults, on the link between the namespaces.
+    let (_redis, redis_addr) = namespaces.redis();
+    let sluice = namespaces.serve(&rules, &format!("redis://{redis_addr}"));
     let http = sluice.http();
     let mut warm = load(&client, http, Duration::from_secs(2)).await;
     assert_decisions("warm-up", &mut warm);
@@ -556,9 +645,9 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
     // 5% of packets lost each way: TCP resends them, and a call whose packet waits out the
     // retransmission timeout (200 ms at least) fails at the store's timeout.
     let failed_before = store_failures(&client, http).await;
-    namespace.link.must_set(Link::Lossy(5));
+    namespaces.link.must_set(Link::Lossy(5));
     let mut answers = load(&client, http, Duration::from_secs(4)).await;
-    namespace.link.must_set(Link::Healthy);
+    namespaces.link.must_set(Link::Healthy);
     assert_decisions("5% loss", &mut answers);
     report_failures(
         "5% loss",
@@ -571,7 +660,7 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
     // A partition for 3 s: the breaker opens (calls then fail at once), and closes once the
     // link heals.
     let failed_before = store_failures(&client, http).await;
-    namespace.link.must_set(Link::Partitioned);
+    namespaces.link.must_set(Link::Partitioned);
     let opened = Arc::new(AtomicBool::new(false));
     let watching = {
         let (client, http, opened) = (client.clone(), http.to_owned(), opened.clone());
@@ -587,7 +676,7 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
     };
     let mut answers = load(&client, http, Duration::from_secs(3)).await;
     watching.await.unwrap();
-    namespace.link.must_set(Link::Healthy);
+    namespaces.link.must_set(Link::Healthy);
     assert_decisions("partition", &mut answers);
     report_failures(
         "partition",
@@ -608,7 +697,7 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
     // The link down and up every second, for 6 s.
     let failed_before = store_failures(&client, http).await;
     let flapping = {
-        let flapper = namespace.link.clone();
+        let flapper = namespaces.link.clone();
         std::thread::spawn(move || {
             for i in 0..6 {
                 let state = if i % 2 == 0 {

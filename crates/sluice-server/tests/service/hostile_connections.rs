@@ -150,6 +150,58 @@ async fn a_grpc_connection_caps_its_streams_and_a_message_that_never_ends_is_dea
     drop(body);
 }
 
+/// An h2 client that asks and grants no flow-control window (while it answers every ping):
+/// its answers' heads come, their bodies never can, and the connection is dropped at the send
+/// timeout on both listeners. Before, it was held with the answers for as long as the client
+/// stayed: they were in flight, so never idle.
+#[tokio::test]
+async fn an_h2_client_that_grants_no_window_is_dropped_at_the_send_timeout() {
+    let h = Harness::start_with(|o| {
+        o.connections.send = Duration::from_millis(500);
+        o.connections.header_read = Duration::from_secs(60);
+        o.connections.h2_keep_alive = Duration::from_millis(100);
+        o.connections.idle = Duration::from_secs(60);
+    })
+    .await;
+    for (listener, addr, path, body) in [
+        ("HTTP", h.server.http_addr(), "/metrics", None),
+        (
+            "gRPC",
+            h.server.grpc_addr(),
+            "/grpc.health.v1.Health/Check",
+            Some(Bytes::from_static(&[0, 0, 0, 0, 0])),
+        ),
+    ] {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (send, connection) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, Bytes>(tcp)
+            .await
+            .unwrap();
+        let connection = tokio::spawn(connection);
+        let mut send = send.ready().await.unwrap();
+        let method = if body.is_some() { "POST" } else { "GET" };
+        let request = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (answer, mut stream) = send.send_request(request, body.is_none()).unwrap();
+        if let Some(body) = body {
+            stream.send_data(body, true).unwrap();
+        }
+        let answer = within(&format!("waiting for the {listener} answer's head"), answer)
+            .await
+            .unwrap();
+        assert!(answer.status().is_success(), "{listener}: {answer:?}");
+        let doing = format!("held open on the {listener} listener by a client granting no window");
+        within(&doing, connection).await.unwrap().ok();
+        drop((send, answer));
+    }
+}
+
 /// An h2 frame: its header (length, type, flags, stream) and payload.
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
