@@ -142,7 +142,12 @@ pub async fn serve_connections<S, B>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read);
+        .header_read_timeout(limits.header_read)
+        // An answer's head and its body in one buffer, written with one `write`: cheaper than
+        // queueing them for `writev` (445 instructions per proxied request under callgrind)
+        // while bodies are small, as a rate limiter's and most APIs' are; a large body costs
+        // one copy more.
+        .writev(false);
     builder
         .http2()
         .timer(TokioTimer::new())
