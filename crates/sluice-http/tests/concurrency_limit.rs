@@ -70,7 +70,11 @@ async fn a_slot_is_held_while_the_answer_lives() {
         }
         tokio::task::yield_now().await;
     }
-    assert_eq!(free(&limiter).await, 2, "the dropped answer's slot came back");
+    assert_eq!(
+        free(&limiter).await,
+        2,
+        "the dropped answer's slot came back"
+    );
     let again = service.oneshot(request()).await.unwrap();
     assert_eq!(again.status(), StatusCode::OK);
 }

@@ -7,6 +7,8 @@
 //! - [`report`]: a self-contained HTML page with one SVG plot per lane, and a CSV of decisions.
 //! - [`counter_error`]: how often the sliding counter decides differently from the exact
 //!   sliding log on the same history.
+//! - [`usage`]: many callers with random usage against one budget, check-then-report against
+//!   reserve-then-settle, plotted.
 //!
 //! ```
 //! use std::time::Duration;
@@ -27,6 +29,7 @@ pub mod report;
 pub mod rng;
 pub mod run;
 pub mod trace;
+pub mod usage;
 
 pub use run::{Lane, LaneRun, Outcome, compare_lanes, rule_lanes, simulate};
 pub use trace::{Arrival, Pattern, Shape, Trace, TraceError, generate};

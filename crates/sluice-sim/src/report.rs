@@ -196,8 +196,8 @@ pub fn csv(trace: &Trace, runs: &[LaneRun]) -> String {
 #[derive(Debug, thiserror::Error)]
 #[error("cannot draw the plot of {lane}: {message}")]
 pub struct ReportError {
-    lane: String,
-    message: String,
+    pub(crate) lane: String,
+    pub(crate) message: String,
 }
 
 /// One lane's SVG: admitted and refused over time, then the busiest key's state, then (for a

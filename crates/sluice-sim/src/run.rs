@@ -27,7 +27,8 @@ pub const COMPARE_SUB_WINDOWS: u32 = 10;
 /// Every algorithm of the table at the same nominal limit: `limit` requests per `window`, each
 /// with the defaults a rule gets. The token bucket and GCRA hold a burst of `limit` and refill at
 /// `limit` per window; the queue holds `limit` waiting requests and releases them at that rate;
-/// the bucketed window has [`COMPARE_SUB_WINDOWS`] buckets.
+/// the bucketed window has [`COMPARE_SUB_WINDOWS`] buckets. A concurrency limit is left out: it
+/// counts requests in flight, which a trace of arrivals does not tell (`--usage` shows it).
 pub fn compare_lanes(limit: u64, window: Duration) -> Result<Vec<Lane>, PolicyError> {
     let params = PolicyParams {
         sub_windows: Some(COMPARE_SUB_WINDOWS),
@@ -35,6 +36,7 @@ pub fn compare_lanes(limit: u64, window: Duration) -> Result<Vec<Lane>, PolicyEr
     };
     ALGORITHMS
         .iter()
+        .filter(|spec| !spec.concurrent)
         .map(|spec| {
             Ok(Lane {
                 name: spec.name.to_owned(),
@@ -45,10 +47,12 @@ pub fn compare_lanes(limit: u64, window: Duration) -> Result<Vec<Lane>, PolicyEr
 }
 
 /// One lane per limit of a rule set, named by the rule's path (and its `name`, when it has one),
-/// so an operator sees their own rules on the trace.
+/// so an operator sees their own rules on the trace. Concurrency limits are left out, as in
+/// [`compare_lanes`]: a trace of arrivals does not say how long each request is in flight.
 pub fn rule_lanes(rules: &sluice_rules::RuleSet) -> Vec<Lane> {
     rules
         .rules()
+        .filter(|rule| !rule.policy.concurrent())
         .map(|rule| Lane {
             name: match &rule.name {
                 Some(name) => format!("{} ({name})", rule.path),
@@ -215,6 +219,22 @@ mod tests {
 
     fn lane<'a>(runs: &'a [LaneRun], name: &str) -> &'a LaneRun {
         runs.iter().find(|r| r.lane.name == name).unwrap()
+    }
+
+    /// A trace of arrivals says nothing of how long a request is in flight, so a concurrency
+    /// limit has no lane: in one, every admission would hold its slot for the whole ttl.
+    #[test]
+    fn a_concurrency_limit_gets_no_lane() {
+        let lanes = compare_lanes(5, MINUTE).unwrap();
+        assert_eq!(lanes.len(), ALGORITHMS.len() - 1);
+        assert!(lanes.iter().all(|l| !l.policy.concurrent()));
+        let rules = sluice_rules::RuleSet::parse(
+            "rules.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    limits:\n      \
+             - {unit: minute, requests_per_unit: 5}\n      - {concurrency: 2}\n",
+        )
+        .unwrap();
+        assert_eq!(rule_lanes(&rules).len(), 1);
     }
 
     #[test]

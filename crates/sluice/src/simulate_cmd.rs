@@ -1,6 +1,6 @@
 //! `sluice simulate`: the real algorithms on a simulated clock against a trace, written as an
 //! HTML report with plots and a CSV of decisions; or the sliding counter's error against the
-//! exact log.
+//! exact log; or many callers with random usage against one budget (`--usage`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use sluice_core::parse_duration_or_error;
 use sluice_rules::RuleSet;
 use sluice_sim::counter_error::{self, Estimator, Setup};
 use sluice_sim::report::{self, About};
+use sluice_sim::usage::{self, UsageSetup};
 use sluice_sim::{Pattern, Shape, Trace, compare_lanes, generate, rule_lanes, simulate};
 
 #[derive(Debug, clap::Args)]
@@ -71,6 +72,17 @@ pub(crate) struct SimulateArgs {
     /// sliding counter.
     #[arg(long, requires = "counter_error")]
     sub_windows: Option<u32>,
+    /// Many callers at once, each using 50 to 500 units (500 declared) against one budget an
+    /// hour: check-then-report (Envoy's flow) against reserve-then-settle, plotted in
+    /// DIR/usage.html (uses --duration and --seed when given).
+    #[arg(long, conflicts_with = "counter_error")]
+    usage: bool,
+    /// --usage: callers at once.
+    #[arg(long, default_value_t = 1_000, requires = "usage")]
+    callers: u32,
+    /// --usage: the budget, in units an hour.
+    #[arg(long, default_value_t = 100_000, requires = "usage")]
+    budget: u64,
 }
 
 /// The patterns as `--help` lists them, each with what it sends.
@@ -85,6 +97,9 @@ fn patterns() -> impl clap::builder::TypedValueParser<Value = Pattern> {
 pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if args.counter_error {
         return measure_counter_error(&args);
+    }
+    if args.usage {
+        return simulate_usage(&args);
     }
     let limit = args.limit.unwrap_or(5);
     anyhow::ensure!(limit > 0, "--limit must be at least 1");
@@ -149,6 +164,27 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", csv.display()))?;
     print!("{}", report::summary(&runs, args.window).markdown());
     println!("\nwrote {} and {}", page.display(), csv.display());
+    Ok(())
+}
+
+fn simulate_usage(args: &SimulateArgs) -> anyhow::Result<()> {
+    let defaults = UsageSetup::default();
+    let setup = UsageSetup {
+        callers: args.callers,
+        budget: args.budget,
+        duration: args.duration.unwrap_or(defaults.duration),
+        seed: args.seed,
+        ..defaults
+    };
+    anyhow::ensure!(setup.callers > 0, "--callers must be at least 1");
+    let runs = usage::simulate_usage(&setup).context("the budget makes no valid policy")?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let page = args.out.join("usage.html");
+    std::fs::write(&page, usage::html(&setup, &runs)?)
+        .with_context(|| format!("cannot write {}", page.display()))?;
+    print!("{}", usage::markdown(&setup, &runs));
+    println!("\nwrote {}", page.display());
     Ok(())
 }
 

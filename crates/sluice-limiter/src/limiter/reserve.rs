@@ -45,6 +45,9 @@ pub struct Reserved {
     pub reservation: Option<ReservationId>,
     /// How long the reservation holds.
     pub ttl: Duration,
+    /// The store failed and each limit's `on_store_error` decided: an admitted request then
+    /// holds no reservation, and its answer must say so rather than leave a bare `null`.
+    pub store_failed: bool,
 }
 
 /// Why a reservation could not be made. Nothing was taken.
@@ -180,6 +183,7 @@ impl Limiter {
             verdict,
             reservation: recorded.then_some(id),
             ttl,
+            store_failed,
         })
     }
 

@@ -69,6 +69,10 @@ pub(super) async fn reserve(state: &ApiState, body: impl ApiBody) -> Result<Resp
             .reservation
             .map_or(Value::Null, |id| json!(id.to_string())),
     );
+    if reserved.verdict.allowed && reserved.store_failed {
+        // Admitted by `on_store_error` with nothing taken: there is nothing to settle.
+        body.insert("admitted_without_store".into(), json!(true));
+    }
     body.insert("amount".into(), json!(amount));
     body.insert("ttl".into(), json!(secs(reserved.ttl)));
     let mut response = (
