@@ -67,6 +67,5 @@ pub use policy::{Algorithm, Policy, PolicyError, Rate, UnknownAlgorithm};
 pub use reservation::{MalformedReservationId, ReservationId};
 pub use store::{
     Adjustment, BoxFuture, Check, DynStore, Lease, Refund, Settlement, SharedOverrides, Store,
-    StoreError,
-    StoreResult, UnsupportedPolicy,
+    StoreError, StoreResult, UnsupportedPolicy,
 };

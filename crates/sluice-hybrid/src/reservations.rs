@@ -18,7 +18,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use sluice_core::{
-    Alignment, Check, Clock, Decision, FixedWindow, Gcra, Lease, Policy, Rate, Refund,
+    Adjustment, Alignment, Check, Clock, Decision, FixedWindow, Gcra, Lease, Policy, Rate, Refund,
     ReservationId, Settlement, SlidingCounter, Store, StoreError, StoreResult, Timestamp,
     TokenBucket,
 };
@@ -163,11 +163,15 @@ impl<C: Clock + 'static> HybridStore<C> {
         // Last check first, as the other stores adjust them (docs/algorithms.md, "Refunds and
         // charges").
         for h in holds.iter().rev() {
-            if used < h.cost {
-                self.give_back_here(&h.key, &h.policy, h.cost - used, h.end, h.taken_at, now);
-            } else if used > h.cost {
-                // Charged past the limit: laid on the counter whatever it holds, and pushed.
-                self.admitted_without_store(&[Check::new(&h.key, &h.policy, used - h.cost)]);
+            match Adjustment::of(h.policy.algorithm(), h.cost, used) {
+                Some(Adjustment::Refund(units)) => {
+                    self.give_back_here(&h.key, &h.policy, units, h.end, h.taken_at, now);
+                }
+                Some(Adjustment::Charge(units)) => {
+                    // Charged past the limit: laid on the counter whatever it holds, and pushed.
+                    self.admitted_without_store(&[Check::new(&h.key, &h.policy, units)]);
+                }
+                None => {}
             }
         }
         Ok(Settlement::Settled {

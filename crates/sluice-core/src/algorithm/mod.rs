@@ -190,7 +190,7 @@ pub const ALGORITHMS: [AlgorithmSpec; 8] = [
             memory: Support::Held,
             redis: Support::Held,
             hybrid: Support::Refused(
-                "holds that settles release, and the hybrid store holds no reservations yet",
+                "one hold per request in flight, which the sync, carrying sums, does not hold",
             ),
         },
         costs: Costs {
