@@ -120,15 +120,21 @@ impl Limiter {
                 max: ttls.max,
             });
         }
-        let request = LimitRequest {
-            cost: amount,
-            ..request.clone()
-        };
-        request.validate()?;
+        // The request as sent, its own cost aside: checked, and planned below, at `amount`.
+        request.validate_costing(amount)?;
         let rules = self.rules.rules();
         let plan = Plan::new(&rules, &request, false);
         let (enforced, observed): (Vec<usize>, Vec<usize>) =
             (0..plan.checks.len()).partition(|&i| plan.checks[i].rule.mode.enforces());
+
+        // Every check costs `amount`, but where a descriptor names its own cost, as it would
+        // had the request's cost been `amount`.
+        let mut plan = plan;
+        for c in &mut plan.checks {
+            if request.descriptors[c.descriptor].cost.is_none() {
+                c.cost = amount;
+            }
+        }
 
         let id = ReservationId::random();
         let batch: Vec<_> = enforced
