@@ -123,7 +123,7 @@ impl Limiter {
         // The request as sent, its own cost aside: checked, and planned below, at `amount`.
         request.validate_costing(amount)?;
         let rules = self.rules.rules();
-        let plan = Plan::new(&rules, &request, false);
+        let plan = Plan::new(&rules, request, false);
         let (enforced, observed): (Vec<usize>, Vec<usize>) =
             (0..plan.checks.len()).partition(|&i| plan.checks[i].rule.mode.enforces());
 
@@ -172,7 +172,7 @@ impl Limiter {
             over_reported: false,
             answers: Answers::Each(answers),
         };
-        let verdict = self.assemble(&rules, &request, plan, checked);
+        let verdict = self.assemble(&rules, request, plan, checked);
         let recorded = verdict.allowed && !store_failed;
         Ok(Reserved {
             verdict,

@@ -152,7 +152,7 @@ pub(super) struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn new(text: &'a str) -> Self {
+    pub(super) fn new(text: &'a str) -> Self {
         Cursor { text, at: 0 }
     }
 
@@ -171,7 +171,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// Nothing but whitespace left.
-    fn end(&mut self) -> Option<()> {
+    pub(super) fn end(&mut self) -> Option<()> {
         self.peek().is_none().then_some(())
     }
 
@@ -210,7 +210,10 @@ impl<'a> Cursor<'a> {
     }
 
     /// An object: `field` reads each member's value after its name.
-    fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+    pub(super) fn object(
+        &mut self,
+        mut field: impl FnMut(&mut Self, &'a str) -> Option<()>,
+    ) -> Option<()> {
         self.list(b'{', b'}', |c| {
             let name = c.string()?;
             c.eat(b':')?;

@@ -13,7 +13,7 @@ use sluice_limiter::{InvalidReservation, SettleRefused};
 
 use super::check::{ReservationFields, json_answer, verdict_json};
 use super::json_out::{key, string, uint};
-use super::json_request::JsonRequest;
+use super::json_request::{Cursor, JsonRequest};
 use super::{ApiBody, ApiState, body_text, collect_body, parse_json, status_of};
 
 /// `POST /v1/reserve`.
@@ -134,15 +134,22 @@ struct SettleBody {
 pub(super) async fn settle(state: &ApiState, body: impl ApiBody) -> Result<Response, Problem> {
     let bytes = collect_body(body).await?;
     let text = body_text(&bytes)?;
-    let SettleBody { reservation, used } = parse_json(text)?;
-    // Anything but a whole number; one too large is refused below, in the limiter's words.
-    let used = whole_number(&used).ok_or_else(|| {
-        Problem::bad_request(format!(
-            "`used` is {used}; send the units used, a whole number from 0 to {}",
-            u32::MAX
-        ))
-        .with_field("used")
-    })?;
+    let (reservation, used) = match plain_settle(text) {
+        Some((reservation, used)) => (reservation.to_owned(), used),
+        None => {
+            let SettleBody { reservation, used } = parse_json(text)?;
+            // Anything but a whole number; one too large is refused below, in the limiter's
+            // words.
+            let used = whole_number(&used).ok_or_else(|| {
+                Problem::bad_request(format!(
+                    "`used` is {used}; send the units used, a whole number from 0 to {}",
+                    u32::MAX
+                ))
+                .with_field("used")
+            })?;
+            (reservation, used)
+        }
+    };
     let settled = state
         .limiter
         .settle_named(&reservation, used)
@@ -180,6 +187,27 @@ pub(super) async fn settle(state: &ApiState, body: impl ApiBody) -> Result<Respo
     uint(&mut out, settled.used);
     out.push(b'}');
     Ok(json_answer(StatusCode::OK, out, Vec::new()))
+}
+
+/// A `/v1/settle` body as clients send it: `reservation` a string without escapes and `used`
+/// plain digits, each once, nothing else. `None` for anything else, which serde then reads (and
+/// refuses, naming the fault).
+fn plain_settle(text: &str) -> Option<(&str, u64)> {
+    let (mut reservation, mut used) = (None, None);
+    let mut c = Cursor::new(text);
+    c.object(|c, field| match field {
+        "reservation" if reservation.is_none() => {
+            reservation = Some(c.string()?);
+            Some(())
+        }
+        "used" if used.is_none() => {
+            used = Some(c.count()?);
+            Some(())
+        }
+        _ => None,
+    })?;
+    c.end()?;
+    Some((reservation?, used?))
 }
 
 /// `amount`: required, a whole number; [`sluice_limiter::Limiter::reserve`] checks its range.
@@ -262,6 +290,36 @@ mod tests {
                 assert!(plain.is_some(), "read plainly: {text}");
                 assert_eq!(plain.ok_or_else(String::new), slow(&text), "{text}");
             }
+        }
+    }
+
+    /// A settle in the shape clients send is read as serde reads it; anything else is left to
+    /// serde.
+    #[test]
+    fn plain_settles_are_read_as_serde_reads_them() {
+        for text in [
+            r#"{"reservation":"rsv_0123456789abcdef0123456789abcdef","used":120}"#,
+            r#"{ "used" : 0 , "reservation" : "garbled" }"#,
+        ] {
+            let (reservation, used) = plain_settle(text).expect("plain");
+            let body: SettleBody = serde_json::from_str(text).unwrap();
+            assert_eq!(
+                (reservation, Some(used)),
+                (&*body.reservation, body.used.as_u64())
+            );
+        }
+        for text in [
+            r#"{"reservation":"r","used":"5"}"#,
+            r#"{"reservation":"r","used":5.0}"#,
+            r#"{"reservation":"r","used":-1}"#,
+            r#"{"reservation":"r\u0041","used":5}"#,
+            r#"{"reservation":"r","used":5,"used":6}"#,
+            r#"{"reservation":"r","used":5,"other":1}"#,
+            r#"{"reservation":"r"}"#,
+            r#"{"used":5}"#,
+            r#"{"reservation":"r","used":5} x"#,
+        ] {
+            assert!(plain_settle(text).is_none(), "{text}");
         }
     }
 
