@@ -985,8 +985,14 @@ def verdict(ok):
 def peers(tmp, args):
     if (os.cpu_count() or 1) < 2:
         sys.exit("peers needs 2 CPUs: the servers run on CPU 0 and the generator on CPU 1")
-    bins = {"nginx": nginx_bin(), "throttlecrab": throttlecrab_bin(args.peers_dir),
-            "limitador": limitador_bin(args.limitador_bin, args.peers_dir)}
+    skip = set(args.skip or [])
+    # Only the peers of the parts that run are needed.
+    bins = {}
+    if not {"memory", "gateway"} <= skip:
+        bins["nginx"] = nginx_bin()
+    if "memory" not in skip:
+        bins["throttlecrab"] = throttlecrab_bin(args.peers_dir)
+        bins["limitador"] = limitador_bin(args.limitador_bin, args.peers_dir)
     with open(os.path.join(tmp, "peers.yaml"), "w") as f:
         f.write(PEER_RULES)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -995,7 +1001,6 @@ def peers(tmp, args):
                            cwd=ROOT, capture_output=True, text=True).stdout.split("\n")
     dirty = sorted({line[3:] for line in dirty if line.strip()})
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    skip = set(args.skip or [])
     log = open(os.path.join(tmp, "peers.log"), "w+")
     res = {}
     try:

@@ -115,6 +115,12 @@ pub enum InvalidRequest {
 impl LimitRequest {
     /// Checks the request against the bounds in [`crate::limits`].
     pub fn validate(&self) -> Result<(), InvalidRequest> {
+        self.validate_costing(self.cost)
+    }
+
+    /// [`validate`](Self::validate) as if the request's cost were `cost`: how a reservation,
+    /// which takes its amount instead of the request's cost, is checked without a copy.
+    pub(crate) fn validate_costing(&self, cost: u64) -> Result<(), InvalidRequest> {
         if self.domain.is_empty() {
             return Err(InvalidRequest::MissingDomain);
         }
@@ -125,10 +131,10 @@ impl LimitRequest {
         at_most(self.descriptors.len(), MAX_DESCRIPTORS, || {
             "descriptors".into()
         })?;
-        if self.cost > MAX_COST {
+        if cost > MAX_COST {
             return Err(InvalidRequest::CostTooLarge {
                 field: "hits_addend".into(),
-                got: self.cost,
+                got: cost,
                 max: MAX_COST,
             });
         }

@@ -123,15 +123,20 @@ impl Limiter {
                 max: ttls.max,
             });
         }
-        let request = LimitRequest {
-            cost: amount,
-            ..request.clone()
-        };
-        request.validate()?;
+        // The request as sent, its own cost aside: checked, and planned below, at `amount`.
+        request.validate_costing(amount)?;
         let rules = self.rules.rules();
-        let plan = Plan::new(&rules, &request, false, &self.overrides);
+        let mut plan = Plan::new(&rules, request, false, &self.overrides);
         let (enforced, observed): (Vec<usize>, Vec<usize>) =
             (0..plan.checks.len()).partition(|&i| plan.checks[i].rule.mode.enforces());
+
+        // Every check costs `amount`, but where a descriptor names its own cost, as it would
+        // had the request's cost been `amount`.
+        for c in &mut plan.checks {
+            if request.descriptors[c.descriptor].cost.is_none() {
+                c.cost = amount;
+            }
+        }
 
         // A reservation never outlives a concurrency limit's hold (its `ttl`, the policy's
         // window): when the slot comes back by itself, the reservation has expired too.
@@ -141,6 +146,7 @@ impl Limiter {
             .filter(|p| p.concurrent())
             .map(|p| p.window())
             .fold(ttl, Duration::min);
+
         let id = ReservationId::random();
         let batch: Vec<_> = enforced
             .iter()
@@ -177,7 +183,7 @@ impl Limiter {
             over_reported: false,
             answers: Answers::Each(answers),
         };
-        let verdict = self.assemble(&rules, &request, plan, checked);
+        let verdict = self.assemble(&rules, request, plan, checked);
         let recorded = verdict.allowed && !store_failed;
         Ok(Reserved {
             verdict,

@@ -146,18 +146,18 @@ fn set_once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
 
 /// A reader over a JSON text for [`JsonRequest::parse_plain`]. Every method returns `None` on
 /// anything outside the plain shape it reads, valid JSON or not.
-struct Cursor<'a> {
+pub(super) struct Cursor<'a> {
     text: &'a str,
     at: usize,
 }
 
 impl<'a> Cursor<'a> {
-    fn new(text: &'a str) -> Self {
+    pub(super) fn new(text: &'a str) -> Self {
         Cursor { text, at: 0 }
     }
 
     /// The next byte after whitespace, not consumed.
-    fn peek(&mut self) -> Option<u8> {
+    pub(super) fn peek(&mut self) -> Option<u8> {
         let bytes = self.text.as_bytes();
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = bytes.get(self.at) {
             self.at += 1;
@@ -171,12 +171,12 @@ impl<'a> Cursor<'a> {
     }
 
     /// Nothing but whitespace left.
-    fn end(&mut self) -> Option<()> {
+    pub(super) fn end(&mut self) -> Option<()> {
         self.peek().is_none().then_some(())
     }
 
     /// A string without escapes or control characters, as the text holds it.
-    fn string(&mut self) -> Option<&'a str> {
+    pub(super) fn string(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
         let rest = &self.text.as_bytes()[self.at..];
         let len = rest
@@ -192,7 +192,7 @@ impl<'a> Cursor<'a> {
 
     /// A whole number written as plain digits (no sign, fraction, exponent or leading zero)
     /// that fits in 64 bits.
-    fn count(&mut self) -> Option<u64> {
+    pub(super) fn count(&mut self) -> Option<u64> {
         self.peek()?;
         let rest = &self.text.as_bytes()[self.at..];
         let len = rest.iter().take_while(|b| b.is_ascii_digit()).count();
@@ -210,7 +210,10 @@ impl<'a> Cursor<'a> {
     }
 
     /// An object: `field` reads each member's value after its name.
-    fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+    pub(super) fn object(
+        &mut self,
+        mut field: impl FnMut(&mut Self, &'a str) -> Option<()>,
+    ) -> Option<()> {
         self.list(b'{', b'}', |c| {
             let name = c.string()?;
             c.eat(b':')?;
@@ -273,6 +276,16 @@ impl JsonRequest {
     /// refuses, naming the fault, when it is not a valid request); a unit test holds the two
     /// to the same result.
     pub(super) fn parse_plain(text: &str) -> Option<JsonRequest> {
+        Self::parse_plain_with(text, |_, _| None)
+    }
+
+    /// [`parse_plain`](Self::parse_plain) of a body that has more fields than the request's:
+    /// `extra` reads the value of each field the request does not have (`None` for one it does
+    /// not know either, or whose value is not in the plain shape).
+    pub(super) fn parse_plain_with<'a>(
+        text: &'a str,
+        mut extra: impl FnMut(&mut Cursor<'a>, &'a str) -> Option<()>,
+    ) -> Option<JsonRequest> {
         let mut c = Cursor::new(text);
         let mut request = JsonRequest {
             domain: String::new(),
@@ -296,7 +309,7 @@ impl JsonRequest {
                 }
                 "hits_addend" | "hitsAddend" => set_once(&mut request.hits_addend, c.count()?)?,
                 "cost" => set_once(&mut request.cost, c.count()?)?,
-                _ => return None,
+                other => extra(c, other)?,
             }
             Some(())
         })?;

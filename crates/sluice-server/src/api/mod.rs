@@ -3,6 +3,7 @@
 
 mod check;
 mod envoy_json;
+mod json_out;
 mod json_request;
 mod reserve;
 
@@ -40,10 +41,10 @@ pub struct ApiState {
     pub envoy_stats: Option<Arc<crate::envoy_stats::EnvoyStats>>,
 }
 
-/// The service `sluice serve` answers HTTP with: [`router`], except that the two decision
-/// endpoints (`POST /json` and `POST /v1/check`) are called directly, without the router's
-/// matching, its extensions and its boxed body, which cost more than the JSON they answer.
-/// Every other request (a decision endpoint under another method included) goes through the
+/// The service `sluice serve` answers HTTP with: [`router`], except that the decision and usage
+/// endpoints (`POST` to `/json`, `/v1/check`, `/v1/reserve` and `/v1/settle`) are called
+/// directly, without the router's matching, its extensions and its boxed body, which cost more
+/// than the JSON they answer. Every other request (a decision endpoint under another method included) goes through the
 /// router, so its answers, 404 and 405 among them, are the router's.
 #[derive(Debug, Clone)]
 pub struct ApiService {
@@ -98,6 +99,20 @@ where
                 "/v1/check" => {
                     return Box::pin(async move {
                         Ok(check::answer(&state, request.into_body())
+                            .await
+                            .into_response())
+                    });
+                }
+                "/v1/reserve" => {
+                    return Box::pin(async move {
+                        Ok(reserve::reserve(&state, request.into_body())
+                            .await
+                            .into_response())
+                    });
+                }
+                "/v1/settle" => {
+                    return Box::pin(async move {
+                        Ok(reserve::settle(&state, request.into_body())
                             .await
                             .into_response())
                     });
