@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use sluice_core::{
-    Algorithm, Alignment, Decision, FixedWindowState, Policy, SlidingCounterState, Timestamp,
-    TokenBucketState,
+    Algorithm, Alignment, Decision, FixedWindow, FixedWindowState, Gcra, Policy, Rate,
+    SlidingCounter, SlidingCounterState, Timestamp, TokenBucket, TokenBucketState,
 };
 
 use crate::sync::{Floor, GlobalState};
@@ -371,6 +371,99 @@ pub(crate) fn over_limit(policy: &Policy, global: GlobalState) -> u64 {
         }
         _ => 0,
     }
+}
+
+/// The end of the window of `policy` that holds `now`: for a clock-aligned window or a sliding
+/// counter, from the clock; for a window that starts at a key's first request, what
+/// `first_request_end` finds in the key's state (`None` when it has no live one); for a bucket,
+/// now.
+pub(crate) fn current_window_end(
+    policy: &Policy,
+    now: Timestamp,
+    first_request_end: impl FnOnce() -> Option<Timestamp>,
+) -> Option<Timestamp> {
+    match policy {
+        Policy::FixedWindow(p) => match p.alignment() {
+            Alignment::Clock { .. } => Some(
+                p.window_start(Timestamp::EPOCH, now)
+                    .saturating_add(p.window()),
+            ),
+            Alignment::FirstRequest => first_request_end(),
+        },
+        Policy::SlidingCounter(p) => {
+            let window = u64::try_from(p.window().as_nanos()).unwrap_or(u64::MAX);
+            let n = now.as_nanos();
+            Some(Timestamp::from_nanos(n - n % window.max(1)).saturating_add(p.window()))
+        }
+        _ => Some(now),
+    }
+}
+
+/// A policy the hybrid store holds, as a reservation's record carries it: the algorithm, then
+/// the numbers its constructor takes, durations in ns. `None` for a policy the hybrid store does
+/// not hold.
+pub(crate) fn policy_text(policy: &Policy) -> Option<String> {
+    let ns = |d: Duration| d.as_nanos();
+    Some(match policy {
+        Policy::FixedWindow(p) => match p.alignment() {
+            Alignment::Clock { utc_offset_secs } => {
+                format!(
+                    "fw {} {} c{utc_offset_secs}",
+                    policy.limit(),
+                    ns(p.window())
+                )
+            }
+            Alignment::FirstRequest => format!("fw {} {} f", policy.limit(), ns(p.window())),
+        },
+        Policy::SlidingCounter(p) => format!("sc {} {}", policy.limit(), ns(p.window())),
+        Policy::TokenBucket(p) => format!(
+            "tb {} {} {}",
+            p.capacity(),
+            p.rate().amount(),
+            ns(p.rate().per())
+        ),
+        Policy::Gcra(p) => format!(
+            "gc {} {} {}",
+            p.burst(),
+            p.rate().amount(),
+            ns(p.rate().per())
+        ),
+        _ => return None,
+    })
+}
+
+/// The policy [`policy_text`] wrote.
+pub(crate) fn parse_policy(text: &str) -> Option<Policy> {
+    let mut words = text.split(' ');
+    let kind = words.next()?;
+    let mut number = || words.next()?.parse::<u64>().ok();
+    let nanos = Duration::from_nanos;
+    Some(match kind {
+        "fw" => {
+            let (limit, window) = (number()?, nanos(number()?));
+            let alignment = match words.next()? {
+                "f" => Alignment::FirstRequest,
+                c => Alignment::Clock {
+                    utc_offset_secs: c.strip_prefix('c')?.parse().ok()?,
+                },
+            };
+            FixedWindow::new(limit, window, alignment).ok()?.into()
+        }
+        "sc" => SlidingCounter::new(number()?, nanos(number()?))
+            .ok()?
+            .into(),
+        "tb" => {
+            let capacity = number()?;
+            let rate = Rate::new(number()?, nanos(number()?)).ok()?;
+            TokenBucket::new(capacity, rate).ok()?.into()
+        }
+        "gc" => {
+            let burst = number()?;
+            let rate = Rate::new(number()?, nanos(number()?)).ok()?;
+            Gcra::new(rate, burst).ok()?.into()
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -15,17 +15,17 @@
 //! record, so that an instance that does not track the counter can still give back to it.
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use sluice_core::{
-    Adjustment, Alignment, Check, Clock, Decision, FixedWindow, Gcra, Lease, Policy, Rate, Refund,
-    ReservationId, Settlement, SlidingCounter, Store, StoreError, StoreResult, Timestamp,
-    TokenBucket,
+    Adjustment, Check, Clock, Decision, Lease, Policy, Refund, ReservationId, Settlement, Store,
+    StoreError, StoreResult, Timestamp,
 };
 use sluice_redis::{Script, Value};
 
 use crate::entry::Entry;
-use crate::local::{decide, is_bucket, span, window_end};
+use crate::local::{
+    current_window_end, decide, is_bucket, parse_policy, policy_text, span, window_end,
+};
 use crate::{HybridStore, lock};
 
 /// Writes a reservation's record: see `record.lua`.
@@ -211,26 +211,12 @@ impl<C: Clock + 'static> HybridStore<C> {
     /// this instance's state of the key, if it has a live one (`None` otherwise: nothing here
     /// says where that window lies, so nothing is given back); for a bucket, now.
     fn current_end(&self, key: &str, policy: &Policy, now: Timestamp) -> Option<Timestamp> {
-        match policy {
-            Policy::FixedWindow(p) => match p.alignment() {
-                Alignment::Clock { .. } => Some(
-                    p.window_start(Timestamp::EPOCH, now)
-                        .saturating_add(p.window()),
-                ),
-                Alignment::FirstRequest => {
-                    let keys = lock(&self.inner.keys);
-                    let e = keys.get(key).filter(|e| e.policy == *policy)?;
-                    let end = window_end(policy, &e.state);
-                    (end > now).then_some(end)
-                }
-            },
-            Policy::SlidingCounter(p) => {
-                let window = u64::try_from(p.window().as_nanos()).unwrap_or(u64::MAX);
-                let n = now.as_nanos();
-                Some(Timestamp::from_nanos(n - n % window.max(1)).saturating_add(p.window()))
-            }
-            _ => Some(now),
-        }
+        current_window_end(policy, now, || {
+            let keys = lock(&self.inner.keys);
+            let e = keys.get(key).filter(|e| e.policy == *policy)?;
+            let end = window_end(policy, &e.state);
+            (end > now).then_some(end)
+        })
     }
 
     /// Gives `units` taken at `taken_at`, in the window ending at `end`, back to `key` at `now`:
@@ -296,75 +282,12 @@ fn parse_hold(items: &[String]) -> Option<Hold> {
     })
 }
 
-/// A policy the hybrid store holds, as a reservation's record carries it: the algorithm, then
-/// the numbers its constructor takes, durations in ns. `None` for a policy the hybrid store does
-/// not hold.
-pub(crate) fn policy_text(policy: &Policy) -> Option<String> {
-    let ns = |d: Duration| d.as_nanos();
-    Some(match policy {
-        Policy::FixedWindow(p) => match p.alignment() {
-            Alignment::Clock { utc_offset_secs } => {
-                format!(
-                    "fw {} {} c{utc_offset_secs}",
-                    policy.limit(),
-                    ns(p.window())
-                )
-            }
-            Alignment::FirstRequest => format!("fw {} {} f", policy.limit(), ns(p.window())),
-        },
-        Policy::SlidingCounter(p) => format!("sc {} {}", policy.limit(), ns(p.window())),
-        Policy::TokenBucket(p) => format!(
-            "tb {} {} {}",
-            p.capacity(),
-            p.rate().amount(),
-            ns(p.rate().per())
-        ),
-        Policy::Gcra(p) => format!(
-            "gc {} {} {}",
-            p.burst(),
-            p.rate().amount(),
-            ns(p.rate().per())
-        ),
-        _ => return None,
-    })
-}
-
-/// The policy [`policy_text`] wrote.
-pub(crate) fn parse_policy(text: &str) -> Option<Policy> {
-    let mut words = text.split(' ');
-    let kind = words.next()?;
-    let mut number = || words.next()?.parse::<u64>().ok();
-    let nanos = Duration::from_nanos;
-    Some(match kind {
-        "fw" => {
-            let (limit, window) = (number()?, nanos(number()?));
-            let alignment = match words.next()? {
-                "f" => Alignment::FirstRequest,
-                c => Alignment::Clock {
-                    utc_offset_secs: c.strip_prefix('c')?.parse().ok()?,
-                },
-            };
-            FixedWindow::new(limit, window, alignment).ok()?.into()
-        }
-        "sc" => SlidingCounter::new(number()?, nanos(number()?))
-            .ok()?
-            .into(),
-        "tb" => {
-            let capacity = number()?;
-            let rate = Rate::new(number()?, nanos(number()?)).ok()?;
-            TokenBucket::new(capacity, rate).ok()?.into()
-        }
-        "gc" => {
-            let burst = number()?;
-            let rate = Rate::new(number()?, nanos(number()?)).ok()?;
-            Gcra::new(rate, burst).ok()?.into()
-        }
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use sluice_core::{Alignment, FixedWindow, Gcra, Rate};
+
     use super::*;
 
     /// Every policy the hybrid store holds comes back from its record as it went in, and one it

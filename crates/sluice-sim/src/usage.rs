@@ -7,8 +7,10 @@
 //! - **reserve-then-settle** (Sluice's `/v1/reserve` and `/v1/settle`): a call reserves the most
 //!   it may use, runs, and settles with what it used; the rest is given back.
 //!
-//! Both run the real fixed-window algorithm (its `decide`, `charge` and `refund`) on a simulated
-//! clock, with the same callers, the same usage and the same call lengths, drawn from one seed.
+//! Both run on Sluice's own memory store under a simulated clock ([`FakeClock`]), the budget a
+//! limit as Envoy's rules give one (units per window, windows on the clock), with the same
+//! callers, the same usage and the same call lengths, drawn from one seed: the store's check, its
+//! reservations and settles, and its charge past the limit for a report.
 //! The answer is how many units the admitted calls used beyond the budget, and the plot shows
 //! the units used over time against the budget line: check-then-report admits every caller in
 //! flight before any report lands, and overspends by as much as the concurrency allows.
@@ -29,7 +31,14 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use plotters::prelude::*;
-use sluice_core::{Alignment, FixedWindow, FixedWindowState, PolicyError, Timestamp};
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use sluice_core::{
+    Check, FakeClock, Lease, MemoryStore, Policy, PolicyError, ReservationId, Store, StoreResult,
+    Timestamp,
+};
 
 use crate::report::ReportError;
 use crate::rng::Rng;
@@ -123,20 +132,51 @@ pub struct UsageRun {
 enum Event {
     /// This caller starts a call.
     Start(u32),
-    /// Caller's call ends: it used `used` units, reserved at `taken` (ns).
-    End { caller: u32, used: u64, taken: u64 },
+    /// Caller's call ends: it used `used` units.
+    End { caller: u32, used: u64 },
 }
 
 /// Runs both flows on the same callers; check-then-report first.
 pub fn simulate_usage(setup: &UsageSetup) -> Result<[UsageRun; 2], PolicyError> {
-    let policy = FixedWindow::new(setup.budget, setup.window, Alignment::FirstRequest)?;
+    let policy = budget_policy(setup)?;
     Ok([
         run(setup, &policy, Flow::CheckThenReport),
         run(setup, &policy, Flow::ReserveThenSettle),
     ])
 }
 
-fn run(setup: &UsageSetup, policy: &FixedWindow, flow: Flow) -> UsageRun {
+/// The budget as Envoy's rules give it: `budget` units per `window`, on windows aligned on the
+/// clock (each run starts at the start of one, [`first_window`]).
+fn budget_policy(setup: &UsageSetup) -> Result<Policy, PolicyError> {
+    Policy::envoy_limit(setup.budget, setup.window)
+}
+
+/// The first start of a window of length `window`, aligned on the clock, at or after [`START`]:
+/// where a run begins, so that the whole run falls in one window when the budget's window is
+/// longer than the run.
+fn first_window(window: Duration) -> Timestamp {
+    let w = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1);
+    Timestamp::from_nanos(START.as_nanos().div_ceil(w).saturating_mul(w))
+}
+
+/// The answer of a memory store's call, which never waits: its future is ready when first
+/// polled.
+fn at_once<T>(call: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+    match pin!(call).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(answer) => answer,
+        Poll::Pending => unreachable!("the memory store answers without waiting"),
+    }
+}
+
+/// The units the budget has left at the clock's time.
+fn remaining(store: &MemoryStore<FakeClock>, policy: &Policy) -> u64 {
+    store.peek_one(KEY, policy).remaining
+}
+
+/// The one counter every caller shares.
+const KEY: &str = "budget";
+
+fn run(setup: &UsageSetup, policy: &Policy, flow: Flow) -> UsageRun {
     // One draw sequence per caller, so both flows give each call the same usage and length.
     let mut draws: Vec<Rng> = (0..setup.callers)
         .map(|c| {
@@ -156,7 +196,16 @@ fn run(setup: &UsageSetup, policy: &FixedWindow, flow: Flow) -> UsageRun {
         // The callers arrive within the first second.
         events.push(Reverse((rng.below(1_000_000_000), Event::Start(c))));
     }
-    let mut state = FixedWindowState::default();
+    let begin = first_window(setup.window);
+    let clock = FakeClock::at(begin);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        // Room for every caller's reservation: the store bounds its records by its keys.
+        .max_keys(2 * setup.callers as usize + 16)
+        .build();
+    // A call lasts at most `max_call`: its reservation outlives it.
+    let ttl = setup.max_call.saturating_mul(2).max(Duration::from_secs(1));
+    let mut held: Vec<Option<ReservationId>> = vec![None; setup.callers as usize];
     let mut out = UsageRun {
         flow,
         admitted: 0,
@@ -168,7 +217,7 @@ fn run(setup: &UsageSetup, policy: &FixedWindow, flow: Flow) -> UsageRun {
     };
     let (mut refunded, mut unused) = (0u64, 0u64);
     while let Some(Reverse((at, event))) = events.pop() {
-        let now = Timestamp::from_nanos(START.as_nanos() + at);
+        clock.set(Timestamp::from_nanos(begin.as_nanos().saturating_add(at)));
         match event {
             Event::Start(caller) => {
                 if at > end_of_starts {
@@ -177,19 +226,23 @@ fn run(setup: &UsageSetup, policy: &FixedWindow, flow: Flow) -> UsageRun {
                 let rng = &mut draws[caller as usize];
                 let used = setup.min_use + rng.below(setup.max_use - setup.min_use + 1);
                 let length = min_call + rng.below(max_call.saturating_sub(min_call) + 1);
-                let cost = match flow {
-                    Flow::CheckThenReport => 0,
-                    Flow::ReserveThenSettle => setup.max_use,
+                let allowed = match flow {
+                    Flow::CheckThenReport => store
+                        .check_one(Check::new(KEY, policy, 0))
+                        .is_ok_and(|d| d.allowed),
+                    Flow::ReserveThenSettle => {
+                        let id = ReservationId::random();
+                        let checks = [Check::new(KEY, policy, setup.max_use)];
+                        let lease = Lease { id: &id, ttl };
+                        let admitted = at_once(store.reserve(&checks, lease))
+                            .is_ok_and(|d| d.iter().all(|d| d.allowed));
+                        held[caller as usize] = admitted.then_some(id);
+                        admitted
+                    }
                 };
-                let (next, decision) = policy.decide(state, now, cost);
-                if decision.allowed {
-                    state = next;
+                if allowed {
                     out.admitted += 1;
-                    let end = Event::End {
-                        caller,
-                        used,
-                        taken: at,
-                    };
+                    let end = Event::End { caller, used };
                     events.push(Reverse((at + length, end)));
                 } else {
                     out.refused += 1;
@@ -197,19 +250,20 @@ fn run(setup: &UsageSetup, policy: &FixedWindow, flow: Flow) -> UsageRun {
                     events.push(Reverse((again, Event::Start(caller))));
                 }
             }
-            Event::End {
-                caller,
-                used,
-                taken,
-            } => {
+            Event::End { caller, used } => {
                 match flow {
-                    Flow::CheckThenReport => state = policy.charge(state, used, now),
+                    Flow::CheckThenReport => {
+                        // Counted even past the limit, as Envoy's report is: the store has
+                        // room for the one counter, so the charge cannot fail.
+                        let _ = store.charge_one(KEY, policy, used);
+                    }
                     Flow::ReserveThenSettle => {
                         let back = setup.max_use - used;
-                        let before = policy.decide(state, now, 0).1.remaining;
-                        let taken_at = Timestamp::from_nanos(START.as_nanos() + taken);
-                        state = policy.refund(state, back, taken_at, now);
-                        refunded += policy.decide(state, now, 0).1.remaining - before;
+                        let before = remaining(&store, policy);
+                        if let Some(id) = held[caller as usize].take() {
+                            let _ = at_once(store.settle(&id, used));
+                        }
+                        refunded += remaining(&store, policy) - before;
                         unused += back;
                     }
                 }

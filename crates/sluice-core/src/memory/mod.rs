@@ -436,6 +436,14 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// Charges `units` to the counter `key` under `policy` now, past its limit if need be, as
+    /// Envoy's usage report counts what a response used: the next request is refused until
+    /// the algorithm has earned the units back. Fails only when the store is full of limited
+    /// keys and cannot track a new one.
+    pub fn charge_one(&self, key: &str, policy: &Policy, units: u64) -> StoreResult<()> {
+        self.charge(key, policy, units, self.clock.now())
+    }
+
     /// Charges `units` to the counter `key` whatever it holds, tracking it if it is not yet.
     fn charge(&self, key: &str, policy: &Policy, units: u64, now: Timestamp) -> StoreResult<()> {
         let fp = self.fingerprints.of(key);
