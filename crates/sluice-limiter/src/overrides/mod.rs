@@ -202,7 +202,12 @@ impl Overrides {
         if self.active.load(Ordering::Relaxed) == 0 || checks.is_empty() {
             return;
         }
-        self.compiled_for(rules).apply(domain, descriptors, checks);
+        let current = self.compiled.load();
+        if current.is_for(rules, self.generation.load(Ordering::Acquire)) {
+            current.apply(domain, descriptors, checks);
+        } else {
+            self.compiled_for(rules).apply(domain, descriptors, checks);
+        }
     }
 
     /// The table compiled against `rules` and the overrides as they are, compiled now if the
