@@ -340,3 +340,71 @@ async fn the_hybrid_store_holds_an_override_within_five_percent() {
         "admitted {ok} under the rule's 100"
     );
 }
+
+/// A rule that falls back to a local count when the store fails, so an instance cut off from
+/// Redis still enforces a limit, and shows which.
+const LOCAL_RULES: &str = "
+domain: plans
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 50, on_store_error: local}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_cut_off_from_the_store_keeps_the_overrides_it_read_and_says_so() {
+    let mut redis = RedisServer::start();
+    let (rules, _dir) = rules_file("rules.yaml", LOCAL_RULES);
+    let instance = start(&rules, &redis.url(), &unique_prefix());
+    let url = format!("http://{}", instance.http());
+    let client = sluice_testing::long_lived_client();
+    put(
+        &client,
+        &url,
+        "acme",
+        json!({"rate_limit": {"unit": "hour", "requests_per_unit": 5000}}),
+    )
+    .await;
+    let text = |path: &'static str| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let r = client.get(format!("{url}{path}")).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, ready) = text("/readyz").await;
+    assert_eq!(status, 200);
+    assert!(
+        ready.contains("overrides: 1 set, shared through the store"),
+        "{ready}"
+    );
+
+    redis.kill();
+    eventually("the instance reports its overrides stale", || async {
+        metric(&client, &url, "sluice_overrides_stale").await == Some(1.0)
+    })
+    .await;
+    let (status, ready) = text("/readyz").await;
+    assert_eq!(status, 503);
+    assert!(ready.contains("as last read"), "{ready}");
+    assert!(ready.contains("the store does not answer"), "{ready}");
+    // The local fallback counts under the override it last read.
+    assert_eq!(limit(&client, &url, "acme").await, 5000);
+    assert_eq!(limit(&client, &url, "beta").await, 50);
+
+    // Back empty (no persistence): the instance follows the store, which holds no override
+    // now, and a new one is enforced although its version is lower than the one it held.
+    redis.restart();
+    eventually("the instance reads the store again", || async {
+        metric(&client, &url, "sluice_overrides_stale").await == Some(0.0)
+    })
+    .await;
+    all_enforce(&client, std::slice::from_ref(&url), "acme", 50, WITHIN).await;
+    put(
+        &client,
+        &url,
+        "acme",
+        json!({"rate_limit": {"unit": "hour", "requests_per_unit": 700}}),
+    )
+    .await;
+    assert_eq!(limit(&client, &url, "acme").await, 700);
+}
