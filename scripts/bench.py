@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks of the built binaries with `sluice bench`, each against a baseline in the same run.
 
-    python3 scripts/bench.py [service|redis|gateway|ab|hybrid|peers|usage|cluster ...] [--runs 3] [--secs 5] [--pin]
+    python3 scripts/bench.py [service|redis|gateway|ab|hybrid|peers|usage|cluster|overrides ...] [--runs 3] [--secs 5] [--pin]
 
 - peers: every target of issues #15, #27 and #29 against its peer, in one run, ending in the
   one table of docs/BENCHMARKS.md: each row's figure, its target, its ratio and whether it was
@@ -78,6 +78,14 @@
   rate (half the 5-descriptor closed-loop throughput): p99 and CPU per answer of the service
   (and of the masters), medians of per-round ratios 5 / 1, against the target p99 ≤ 1.3×. With
   --baseline-bin, another build measured the same way in the same rounds.
+
+- overrides: issue #26's cost of a runtime override. `sluice serve` on the memory store, pinned
+  on CPU 0 (the generator on CPU 1), HTTP `/json` on 1,000 keys of a GCRA rule: a decision on a
+  rule on a server with no overrides, one on a rule of a domain that has 1,000 overrides (on
+  other descriptors), and one on an overridden descriptor (the 1,000, each set through
+  `PUT /v1/overrides/bench`). Reports the server's CPU per answer (utime + stime from
+  /proc/PID/stat), as medians of per-round ratios; the target is an overridden decision within
+  5% of a rule's.
 
 Every server runs in its own process on loopback; the generator is one more, on one thread.
 Runs are interleaved (one of each, then again) and the medians printed as Markdown tables.
@@ -1556,6 +1564,47 @@ def cluster(tmp, runs, secs, baseline_bin=None):
         print(f"| {name} | {ratio:.2f} {verdict(ratio <= 1.3)} | {per_round(five, one, cpu):.2f} | "
               f"{rounds_text} |")
 
+OVERRIDE_KEYS = 1_000
+
+
+def overrides(tmp, runs, secs):
+    log = open(os.path.join(tmp, "overrides.log"), "w")
+    plain = start_serve(tmp, log, cpus="0")[0]
+    plain_proc = children[-1]
+    over = start_serve(tmp, log, cpus="0")[0]
+    over_proc = children[-1]
+    for n in range(OVERRIDE_KEYS):
+        body = json.dumps({"descriptor": [{"key": "user", "value": f"o{n}"}],
+                           "rate_limit": {"unit": "second", "requests_per_unit": 2000000,
+                                          "algorithm": "gcra"}}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{over}/v1/overrides/bench", data=body,
+                                     method="PUT", headers={"content-type": "application/json"})
+        urllib.request.urlopen(req).read()
+    overridden_body = BODY.replace('"u{n}"', '"o{n}"')
+
+    def run(proc, port, body):
+        return with_cpu(proc, lambda: bench("http", f"http://127.0.0.1:{port}/json", "-X", "POST",
+                                            "-d", body, secs=secs, cpus="1", keys=OVERRIDE_KEYS))
+
+    none, rule, overridden = [], [], []
+    for _ in range(runs):
+        none.append(run(plain_proc, plain, BODY))
+        rule.append(run(over_proc, over, BODY))
+        overridden.append(run(over_proc, over, overridden_body))
+    print(f"\n### Server CPU per decision with runtime overrides, memory store, HTTP `/json`, "
+          f"server on CPU 0, generator on CPU 1, 64 workers over {OVERRIDE_KEYS:,} keys, "
+          f"{runs} × {secs} s\n")
+    print("| decision | answers/s (median) | server CPU µs per answer (median) | × a rule's |")
+    print("|---|---:|---:|---:|")
+    ratio = lambda xs: med([b["cpu_us"] / a["cpu_us"] for a, b in zip(rule, xs)])
+    for name, rs in [("a rule, no overrides in the service", none),
+                     (f"a rule, {OVERRIDE_KEYS:,} overrides in its domain (**baseline**)", rule),
+                     ("an overridden descriptor", overridden)]:
+        print(f"| {name} | {med([r['throughput'] for r in rs]):,.0f} | "
+              f"{med([r['cpu_us'] for r in rs]):.2f} | {ratio(rs):.3f} |")
+    rounds_text = ", ".join(f"{b['cpu_us'] / a['cpu_us']:.3f}" for a, b in zip(rule, overridden))
+    print(f"\nPer-round ratios, overridden against a rule: {rounds_text}.")
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1599,7 +1648,8 @@ def main():
                 elif what == "cluster":
                     cluster(tmp, args.runs, args.secs, args.baseline_bin)
                 else:
-                    {"service": service, "redis": redis, "usage": usage}[what](
+                    {"service": service, "redis": redis, "usage": usage,
+                     "overrides": overrides}[what](
                         tmp, args.runs, args.secs)
                 stop_all()
                 children.clear()

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::json;
 use sluice_core::MemoryStore;
 use sluice_limiter::{
-    DescriptorEntry, LimitOverride, LimitRequest, Limiter, Metrics, OverrideError, OverridePut,
-    RequestDescriptor,
+    DescriptorEntry, LimitOverride, LimitRequest, Limiter, Metrics, Outcome, OverrideError,
+    OverridePut, RequestDescriptor,
 };
 use sluice_rules::{Reloader, Unit};
 use sluice_test_support::wait::eventually;
@@ -103,10 +103,20 @@ async fn an_override_replaces_the_rules_limit_for_its_descriptor_only() {
     assert_eq!(after.rule.as_deref(), Some("per_tenant"));
     assert_eq!(passes(&f.limiter, &request("tenant", "acme"), 8).await, 5);
     assert_eq!(passes(&f.limiter, &request("tenant", "beta"), 8).await, 2);
-    // Reported under the rule's own name, with the override's limit.
+    // Reported under the rule's own name, with the override's limit, and counted in the
+    // rule's series.
     let verdict = f.limiter.decide(&request("tenant", "acme")).await.unwrap();
     assert_eq!(verdict.limits[0].rule.label(), "per_tenant");
     assert_eq!(verdict.limits[0].rule.policy.limit(), 5);
+    let metrics = f.limiter.metrics();
+    assert_eq!(
+        metrics.decisions_of("plans", "per_tenant", Outcome::Allowed),
+        7
+    );
+    assert_eq!(
+        metrics.decisions_of("plans", "per_tenant", Outcome::Limited),
+        10
+    );
 }
 
 #[tokio::test]

@@ -65,9 +65,9 @@ pub struct Rule {
     policy_id: String,
     /// Made in code for one use ([`Rule::standalone`]), not part of a rule set.
     standalone: bool,
-    /// A rule of the set whose limit a runtime override replaced ([`Rule::overridden_by`]): not
-    /// itself part of the set.
-    overridden: bool,
+    /// For a rule made by [`Rule::overridden_by`], the rule of the set whose limit a runtime
+    /// override replaced; this one is not itself part of the set.
+    overridden: Option<Arc<Rule>>,
 }
 
 impl std::ops::Deref for Rule {
@@ -95,7 +95,7 @@ impl Rule {
             metric_parts: None,
             policy_id: String::new(),
             standalone: true,
-            overridden: false,
+            overridden: None,
         }
     }
 
@@ -104,7 +104,7 @@ impl Rule {
     /// and `replaces`, so that it is reported, counted and replaced as this rule is, under
     /// `limit`'s policy, action and modes. The new rule is not the set's
     /// ([`Rule::is_overridden`]).
-    pub fn overridden_by(&self, limit: LimitConfig) -> Rule {
+    pub fn overridden_by(self: &Arc<Self>, limit: LimitConfig) -> Rule {
         let limit = LimitConfig {
             name: self.limit.name.clone(),
             replaces: self.limit.replaces.clone(),
@@ -121,7 +121,7 @@ impl Rule {
             metric_parts: self.metric_parts.clone(),
             policy_id: self.policy_id.clone(),
             standalone: false,
-            overridden: true,
+            overridden: Some(Arc::clone(self)),
         }
     }
 
@@ -129,7 +129,13 @@ impl Rule {
     /// at run time. Like a standalone rule, it is not one of the set's, so nothing may be cached
     /// by its address.
     pub fn is_overridden(&self) -> bool {
-        self.overridden
+        self.overridden.is_some()
+    }
+
+    /// The rule of the set this one overrides ([`Rule::overridden_by`]), if it is an override.
+    /// Both have the same labels, so the set's rule names the series its decisions count in.
+    pub fn overridden_rule(&self) -> Option<&Arc<Rule>> {
+        self.overridden.as_ref()
     }
 
     /// Whether the rule was made by [`Rule::standalone`]: it belongs to no rule set, so its
@@ -618,7 +624,7 @@ fn compile_limit(
         path,
         stat_path,
         standalone: false,
-        overridden: false,
+        overridden: None,
     }
 }
 

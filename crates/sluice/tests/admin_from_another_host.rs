@@ -243,6 +243,9 @@ fn admin_endpoints_refuse_a_remote_peer_without_the_token_and_obey_it_with() {
         ("GET", "/v1/rules"),
         ("POST", "/v1/reload"),
         ("GET", "/v1/dashboard"),
+        ("GET", "/v1/overrides/d"),
+        ("PUT", "/v1/overrides/d"),
+        ("DELETE", "/v1/overrides/d"),
     ];
 
     // Without a token: loopback only.

@@ -2,9 +2,12 @@
 //! 3-master Cluster: an override set on one instance is enforced by the others within a
 //! second, a restarted instance enforces it from its first request, a rule reload keeps it, an
 //! expiry gives the rule its limit back everywhere, and concurrent `PUT`s end on one value on
-//! every instance. Real processes, a real `redis-server`, real HTTP.
+//! every instance; on the hybrid store, an override is held within its 5% bound. Real
+//! processes, a real `redis-server`, real HTTP.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
@@ -235,4 +238,173 @@ async fn three_instances_on_one_redis_share_overrides() {
 async fn three_instances_on_a_cluster_share_overrides() {
     let cluster = RedisCluster::start();
     shared_overrides(&cluster.url()).await;
+}
+
+/// The value of the first sample of `metric` in `url`'s `/metrics`.
+async fn metric(client: &reqwest::Client, url: &str, metric: &str) -> Option<f64> {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with(metric))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Sends `total` checks of `tenant` from 64 concurrent clients spread over `urls`; returns how
+/// many were admitted, and how many answered neither 200 nor 429.
+async fn send(client: &reqwest::Client, urls: &[String], tenant: &str, total: u64) -> (u64, u64) {
+    let (ok, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let body = json!({"domain": "plans", "descriptors": [
+        {"entries": [{"key": "tenant", "value": tenant}]}
+    ]});
+    let tasks: Vec<_> = (0..64u64)
+        .map(|c| {
+            let (client, body) = (client.clone(), body.clone());
+            let (ok, errors) = (ok.clone(), errors.clone());
+            let urls: Vec<String> = urls.iter().map(|u| format!("{u}/v1/check")).collect();
+            tokio::spawn(async move {
+                for i in (c..total).step_by(64) {
+                    let url = &urls[usize::try_from(i).unwrap() % urls.len()];
+                    match client.post(url).json(&body).send().await {
+                        Ok(r) if r.status() == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                        Ok(r) if r.status() == 429 => 0,
+                        _ => errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (ok.load(Ordering::Relaxed), errors.load(Ordering::Relaxed))
+}
+
+/// A window that starts at its first request and lasts an hour: no count resets mid-test.
+const HYBRID_RULES: &str = "
+domain: plans
+descriptors:
+  - key: tenant
+    rate_limit: {algorithm: fixed_window, alignment: first_request, requests_per_unit: 100, window: 1h}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hybrid_store_holds_an_override_within_five_percent() {
+    let redis = RedisServer::start();
+    let store = format!("hybrid+{}", redis.url());
+    let (rules, _dir) = rules_file("rules.yaml", HYBRID_RULES);
+    let prefix = unique_prefix();
+    let instances: Vec<ServeProcess> = (0..3).map(|_| start(&rules, &store, &prefix)).collect();
+    let urls: Vec<String> = instances
+        .iter()
+        .map(|i| format!("http://{}", i.http()))
+        .collect();
+    let client = sluice_testing::long_lived_client();
+    for url in &urls {
+        eventually("every instance counts three live instances", || async {
+            metric(&client, url, "sluice_hybrid_instances").await == Some(3.0)
+        })
+        .await;
+    }
+    let (_, errors) = send(&client, &urls, "warm-up", 600).await;
+    assert_eq!(errors, 0, "warm-up");
+
+    put(
+        &client,
+        &urls[0],
+        "acme",
+        json!({"rate_limit": {"algorithm": "fixed_window", "alignment": "first_request",
+            "requests_per_unit": 1000, "window": "1h"}}),
+    )
+    .await;
+    all_enforce(&client, &urls, "acme", 1000, WITHIN).await;
+    let (ok, errors) = send(&client, &urls, "acme", 1600).await;
+    assert_eq!(errors, 0);
+    println!("hybrid override of 1000: admitted {ok}");
+    assert!(
+        (950..=1050).contains(&ok),
+        "admitted {ok} under an override of 1000, beyond 5%"
+    );
+    // The rule's limit holds for the others.
+    let (ok, _) = send(&client, &urls, "beta", 400).await;
+    assert!(
+        (95..=105).contains(&ok),
+        "admitted {ok} under the rule's 100"
+    );
+}
+
+/// A rule that falls back to a local count when the store fails, so an instance cut off from
+/// Redis still enforces a limit, and shows which.
+const LOCAL_RULES: &str = "
+domain: plans
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 50, on_store_error: local}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_cut_off_from_the_store_keeps_the_overrides_it_read_and_says_so() {
+    let mut redis = RedisServer::start();
+    let (rules, _dir) = rules_file("rules.yaml", LOCAL_RULES);
+    let instance = start(&rules, &redis.url(), &unique_prefix());
+    let url = format!("http://{}", instance.http());
+    let client = sluice_testing::long_lived_client();
+    put(
+        &client,
+        &url,
+        "acme",
+        json!({"rate_limit": {"unit": "hour", "requests_per_unit": 5000}}),
+    )
+    .await;
+    let text = |path: &'static str| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let r = client.get(format!("{url}{path}")).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, ready) = text("/readyz").await;
+    assert_eq!(status, 200);
+    assert!(
+        ready.contains("overrides: 1 set, shared through the store"),
+        "{ready}"
+    );
+
+    redis.kill();
+    eventually("the instance reports its overrides stale", || async {
+        metric(&client, &url, "sluice_overrides_stale").await == Some(1.0)
+    })
+    .await;
+    let (status, ready) = text("/readyz").await;
+    assert_eq!(status, 503);
+    assert!(ready.contains("as last read"), "{ready}");
+    assert!(ready.contains("the store does not answer"), "{ready}");
+    // The local fallback counts under the override it last read.
+    assert_eq!(limit(&client, &url, "acme").await, 5000);
+    assert_eq!(limit(&client, &url, "beta").await, 50);
+
+    // Back empty (no persistence): the instance follows the store, which holds no override
+    // now, and a new one is enforced although its version is lower than the one it held.
+    redis.restart();
+    eventually("the instance reads the store again", || async {
+        metric(&client, &url, "sluice_overrides_stale").await == Some(0.0)
+    })
+    .await;
+    all_enforce(&client, std::slice::from_ref(&url), "acme", 50, WITHIN).await;
+    put(
+        &client,
+        &url,
+        "acme",
+        json!({"rate_limit": {"unit": "hour", "requests_per_unit": 700}}),
+    )
+    .await;
+    assert_eq!(limit(&client, &url, "acme").await, 700);
 }

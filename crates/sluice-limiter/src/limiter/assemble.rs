@@ -69,13 +69,18 @@ impl Limiter {
         };
         match rule.metric_label(&request.descriptors[check.descriptor]) {
             Some(label) => self.metrics.decision(&request.domain, &label, outcome),
-            // A rule made for the request, or a rule under a runtime override, is not the rule
-            // set's: its counter is found by its labels, not cached by its address.
-            None if rule.is_standalone() || rule.is_overridden() => {
+            // A rule made for the request is not the rule set's: its counter is found by its
+            // labels, not cached by its address.
+            None if rule.is_standalone() => {
                 self.metrics
                     .decision(&request.domain, rule.label(), outcome);
             }
-            None => self.count(rules, rule, &request.domain, outcome),
+            // A rule under a runtime override counts as the set's rule it overrides, whose
+            // labels it has, on that rule's cached counter.
+            None => {
+                let counted = rule.overridden_rule().unwrap_or(rule);
+                self.count(rules, counted, &request.domain, outcome);
+            }
         }
         if outcome == Outcome::Limited {
             self.metrics.limited_key(&check.key);

@@ -14,7 +14,9 @@ use sluice_rules::{MatchedCheck, Rule, RuleSet, decode_limit};
 use super::record::Record;
 use crate::request::RequestDescriptor;
 
-type HashMap<K, V> = std::collections::HashMap<K, V>;
+/// The tables hash descriptors set through the admin API on insert, and request descriptors
+/// on lookup, which cannot grow a chain: a fast hasher is safe here, as in the matcher.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// What an override does once compiled against the rules in force.
 #[derive(Debug)]

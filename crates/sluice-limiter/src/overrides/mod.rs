@@ -153,6 +153,10 @@ pub struct Overrides {
     /// Held while compiling, so that a reload compiles once, not once per request.
     compiling: Mutex<()>,
     health: Mutex<SyncHealth>,
+    /// Held while reading the shared store, so that two reads (a poll and a change's read-back)
+    /// never finish out of order: a snapshot older than the one held then means the store
+    /// itself went back.
+    reading: tokio::sync::Mutex<()>,
     metrics: OverrideMetrics,
 }
 
@@ -176,6 +180,7 @@ impl Overrides {
             compiled: ArcSwap::from_pointee(Compiled::default()),
             compiling: Mutex::new(()),
             health: Mutex::new(SyncHealth::default()),
+            reading: tokio::sync::Mutex::new(()),
             metrics: OverrideMetrics::default(),
         }
     }
@@ -202,7 +207,12 @@ impl Overrides {
         if self.active.load(Ordering::Relaxed) == 0 || checks.is_empty() {
             return;
         }
-        self.compiled_for(rules).apply(domain, descriptors, checks);
+        let current = self.compiled.load();
+        if current.is_for(rules, self.generation.load(Ordering::Acquire)) {
+            current.apply(domain, descriptors, checks);
+        } else {
+            self.compiled_for(rules).apply(domain, descriptors, checks);
+        }
     }
 
     /// The table compiled against `rules` and the overrides as they are, compiled now if the
@@ -429,7 +439,10 @@ impl Overrides {
         if !self.shared() {
             return Ok(false);
         }
-        let result = self.read_shared().await;
+        let result = {
+            let _one_read = self.reading.lock().await;
+            self.read_shared().await
+        };
         let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         match &result {
             Ok(_) => {
@@ -474,8 +487,16 @@ impl Overrides {
         let mut changed = false;
         {
             let state = self.lock_state();
-            if state.version.is_some_and(|v| v >= snapshot.version) {
-                return Ok(false);
+            if let Some(held) = state.version.filter(|&v| v > snapshot.version) {
+                // Reads are one at a time, so the store itself went back: it lost its data (a
+                // restart without persistence) or failed over to a replica that lagged. The
+                // store is the one copy every instance follows, so this one follows it too.
+                tracing::warn!(
+                    held,
+                    read = snapshot.version,
+                    "the store's runtime overrides went back to an older version (did it lose \
+                     its data?); following the store"
+                );
             }
             for (id, record) in &records {
                 let before = state.records.get(id);

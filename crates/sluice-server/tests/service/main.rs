@@ -5,7 +5,7 @@
 //! answers and settings over gRPC and `/json` (`envoy_compat`), Envoy's quota flows as its
 //! repository runs them (`envoy_quota_flows`), the HTTP API (`http_api`), the admin endpoints
 //! (`admin`), starting and stopping (`lifecycle`), and reservations over HTTP (`reservations`)
-//! and over gRPC (`grpc_reservations`); the server they share and the calls they repeat are in
+//! and over gRPC (`grpc_reservations`), runtime overrides through the admin API (`overrides`); the server they share and the calls they repeat are in
 //! `harness`.
 
 mod admin;
@@ -17,4 +17,5 @@ mod harness;
 mod hostile_connections;
 mod http_api;
 mod lifecycle;
+mod overrides;
 mod reservations;
