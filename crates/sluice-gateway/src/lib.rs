@@ -176,6 +176,9 @@ impl Gateway {
         {
             tracing::warn!("the rules have no `routes`; every request passes unlimited");
         }
+        // The shared overrides are read before anything is forwarded, and followed after, as
+        // `sluice serve` does.
+        lifecycle.follow_overrides(&limiter).await;
         Self::serve(options, limiter, lifecycle).await
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use sluice_redis::testing::{RedisCluster, RedisServer, unique_prefix};
 use sluice_test_support::wait::{eventually, eventually_within};
-use sluice_test_support::{ServeProcess, rules_file};
+use sluice_test_support::{ServeProcess, free_addr, rules_file, spawn_listening};
 
 const RULES: &str = "
 domain: plans
@@ -407,4 +407,111 @@ async fn an_instance_cut_off_from_the_store_keeps_the_overrides_it_read_and_says
     )
     .await;
     assert_eq!(limit(&client, &url, "acme").await, 700);
+}
+
+/// `sluice proxy` follows the overrides its store shares, as `sluice serve` does: one set on a
+/// `serve` instance of the same Redis is enforced by a gateway in front of a real upstream
+/// within a second, and its deletion too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_follows_overrides_set_on_another_instance() {
+    let redis = RedisServer::start();
+    let prefix = unique_prefix();
+    let (rules, _dir) = rules_file(
+        "gateway.yaml",
+        "domain: plans
+descriptors:
+  - key: tenant
+    rate_limit: {name: per_tenant, unit: hour, requests_per_unit: 50}
+routes:
+  - path: /api/*
+    descriptors: [[{key: tenant, from: 'header:x-tenant'}]]
+",
+    );
+    let service = start(&rules, &redis.url(), &prefix);
+    let service_url = format!("http://{}", service.http());
+    let (upstream, listen) = (free_addr(), free_addr());
+    let _upstream = spawn_listening(
+        env!("CARGO_BIN_EXE_sluice"),
+        &["bench", "upstream", "--listen", &upstream],
+        &upstream,
+    );
+    let upstream_url = format!("http://{upstream}");
+    let _gateway = spawn_listening(
+        env!("CARGO_BIN_EXE_sluice"),
+        &[
+            "proxy",
+            "--listen",
+            &listen,
+            "--upstream",
+            &upstream_url,
+            "--store",
+            &redis.url(),
+            "--store-prefix",
+            &prefix,
+            "--store-timeout-ms",
+            "5000",
+            "--config",
+            rules.to_str().unwrap(),
+        ],
+        &listen,
+    );
+    let client = reqwest::Client::new();
+    // The limit the gateway enforces on `tenant`, read from its RateLimit-Policy field.
+    let gateway_limit = |tenant: &'static str| {
+        let (client, listen) = (client.clone(), listen.clone());
+        async move {
+            let r = client
+                .get(format!("http://{listen}/api/items"))
+                .header("x-tenant", tenant)
+                .send()
+                .await
+                .unwrap();
+            let policy = r
+                .headers()
+                .get("ratelimit-policy")
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            policy
+                .split(';')
+                .find_map(|p| p.trim().strip_prefix("q="))
+                .and_then(|q| q.parse::<u64>().ok())
+        }
+    };
+    assert_eq!(
+        gateway_limit("acme").await,
+        Some(50),
+        "the rule's limit first"
+    );
+    put(
+        &client,
+        &service_url,
+        "acme",
+        json!({"rate_limit": {"unit": "hour", "requests_per_unit": 500}}),
+    )
+    .await;
+    eventually_within(
+        "the gateway enforces the override",
+        WITHIN + Duration::from_millis(500),
+        || {
+            let look = gateway_limit("acme");
+            async move { (look.await == Some(500)).then_some(()) }
+        },
+    )
+    .await;
+    let deleted = client
+        .delete(format!("{service_url}/v1/overrides/plans"))
+        .json(&json!({"descriptor": [{"key": "tenant", "value": "acme"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status().as_u16(), 200);
+    eventually_within(
+        "the gateway drops the deleted override",
+        WITHIN + Duration::from_millis(500),
+        || {
+            let look = gateway_limit("acme");
+            async move { (look.await == Some(50)).then_some(()) }
+        },
+    )
+    .await;
 }
