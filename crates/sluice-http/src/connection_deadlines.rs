@@ -49,9 +49,9 @@
 //! [`SendProgress`]: crate::send_progress::SendProgress
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
@@ -393,6 +393,20 @@ where
     C: GracefulConnection,
 {
     let mut connection = std::pin::pin!(connection);
+    let shared = &activity.shared;
+    // The loop's own futures, kept from one wake to the next and polled only once one of them
+    // has woken the task ([`SideWake`]).
+    let side = Arc::new(SideWake::default());
+    let side_waker = Waker::from(Arc::clone(&side));
+    let mut task_waker: Option<Waker> = None;
+    // A header block opened, or the socket's writes blocked: its deadline may be the nearest.
+    let mut changed = std::pin::pin!(shared.changed.notified());
+    let mut stop = std::pin::pin!(async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    });
+    let mut timer = std::pin::pin!(sleep_until(Instant::now()));
+    // What `timer` is set to; `None` until it is set, and once it has fired.
+    let mut timer_at: Option<Instant> = None;
     // Once closing: until when it may take (`None` when the listener stops, which the caller
     // bounds).
     let mut closing: Option<Option<Instant>> = None;
@@ -431,31 +445,105 @@ where
             },
             Some(until) => until,
         };
-        tokio::select! {
+        if let Some(at) = wake.filter(|at| timer_at != Some(*at)) {
+            timer.as_mut().reset(at);
+            timer_at = Some(at);
+        }
+        // A future made or reset above has not been polled yet: look at every one once.
+        side.woken.store(true, Ordering::Release);
+        let event = std::future::poll_fn(|cx| {
             // The connection first: what its client sent before the stop is read before the
             // stop is looked at.
-            biased;
-            ended = connection.as_mut() => return ended,
-            // A header block opened, or the socket's writes blocked: its deadline may be the
-            // nearest.
-            () = activity.shared.changed.notified(), if closing.is_none() => {}
-            _ = stopped.wait_for(|s| *s), if closing.is_none() && draining.is_none() => {
-                let s = &activity.shared;
-                s.draining.store(true, Ordering::Relaxed);
-                let h2 = s.h2.load(Ordering::Relaxed);
-                if h2 || s.in_flight.load(Ordering::Acquire) > 0 {
+            if let Poll::Ready(ended) = connection.as_mut().poll(cx) {
+                return Poll::Ready(Event::Ended(ended));
+            }
+            if !task_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                side.set_task(cx.waker().clone());
+                task_waker = Some(cx.waker().clone());
+            }
+            if !side.woken.load(Ordering::Acquire) {
+                return Poll::Pending;
+            }
+            side.woken.store(false, Ordering::Release);
+            let mut side_cx = Context::from_waker(&side_waker);
+            if closing.is_none() && changed.as_mut().poll(&mut side_cx).is_ready() {
+                return Poll::Ready(Event::Changed);
+            }
+            if closing.is_none()
+                && draining.is_none()
+                && stop.as_mut().poll(&mut side_cx).is_ready()
+            {
+                return Poll::Ready(Event::Stopped);
+            }
+            if wake.is_some() && timer.as_mut().poll(&mut side_cx).is_ready() {
+                return Poll::Ready(Event::Timer);
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            Event::Ended(ended) => return ended,
+            Event::Changed => changed.set(shared.changed.notified()),
+            Event::Stopped => {
+                shared.draining.store(true, Ordering::Relaxed);
+                let h2 = shared.h2.load(Ordering::Relaxed);
+                if h2 || shared.in_flight.load(Ordering::Acquire) > 0 {
                     connection.as_mut().graceful_shutdown();
                     closing = Some(None);
                 } else {
                     draining = Some(Instant::now() + limits.drain);
                 }
             }
-            () = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+            Event::Timer => {
+                timer_at = None;
                 if matches!(closing, Some(Some(until)) if Instant::now() >= until) {
                     tracing::debug!("connection dropped: it did not finish closing in time");
                     return Ok(());
                 }
             }
+        }
+    }
+}
+
+/// What woke the loop around a connection.
+enum Event<E> {
+    /// The connection ended.
+    Ended(Result<(), E>),
+    /// [`Shared::changed`] was told.
+    Changed,
+    /// The listener stopped.
+    Stopped,
+    /// The nearest deadline came.
+    Timer,
+}
+
+/// The waker the loop around a connection gives its own futures (the stop, a deadline's
+/// change, its timer): it notes that one of them woke before waking the connection's task, so
+/// that the loop polls them only then, not on each of the connection's own wakes. Polled on
+/// every wake, they cost about 1,200 instructions per request.
+#[derive(Debug, Default)]
+struct SideWake {
+    /// Whether one of the loop's futures has woken since they were last polled.
+    woken: AtomicBool,
+    /// The connection's task.
+    task: Mutex<Option<Waker>>,
+}
+
+impl SideWake {
+    fn set_task(&self, waker: Waker) {
+        *self.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(waker);
+    }
+}
+
+impl Wake for SideWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        if let Some(task) = &*self.task.lock().unwrap_or_else(PoisonError::into_inner) {
+            task.wake_by_ref();
         }
     }
 }
