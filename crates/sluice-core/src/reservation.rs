@@ -56,7 +56,28 @@ impl ReservationId {
     pub const fn as_u128(self) -> u128 {
         self.0
     }
+
+    /// Its text form, `rsv_` and 32 lowercase hex digits, as ASCII bytes: what [`Display`]
+    /// writes, without going through a formatter, for answers that write it into a buffer.
+    ///
+    /// [`Display`]: fmt::Display
+    pub fn to_ascii(self) -> [u8; TEXT_LEN] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0u8; TEXT_LEN];
+        text[..PREFIX.len()].copy_from_slice(PREFIX.as_bytes());
+        for (i, digit) in text[PREFIX.len()..].iter_mut().enumerate() {
+            let shift = 4 * (HEX_DIGITS - 1 - i);
+            *digit = DIGITS[(self.0 >> shift) as usize & 0xf];
+        }
+        text
+    }
 }
+
+/// The hex digits of an id's text form.
+const HEX_DIGITS: usize = 32;
+
+/// The length of an id's text form.
+const TEXT_LEN: usize = PREFIX.len() + HEX_DIGITS;
 
 /// A unique id where no random source exists: the wall clock in nanoseconds beside a counter.
 fn fallback() -> u128 {
@@ -69,7 +90,9 @@ fn fallback() -> u128 {
 
 impl fmt::Display for ReservationId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{PREFIX}{:032x}", self.0)
+        let text = self.to_ascii();
+        // Only ASCII digits and the prefix: always UTF-8.
+        f.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -83,13 +106,21 @@ impl FromStr for ReservationId {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let hex = s.strip_prefix(PREFIX).ok_or(MalformedReservationId)?;
-        // Exactly one spelling per id: `from_str_radix` alone would take a sign and upper case.
-        if hex.len() != 32 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        // Exactly one spelling per id: lowercase digits only, no sign, exactly 32 of them.
+        if hex.len() != HEX_DIGITS {
             return Err(MalformedReservationId);
         }
-        u128::from_str_radix(hex, 16)
+        hex.bytes()
+            .try_fold(0u128, |bits, b| {
+                let digit = match b {
+                    b'0'..=b'9' => b - b'0',
+                    b'a'..=b'f' => b - b'a' + 10,
+                    _ => return None,
+                };
+                Some(bits << 4 | u128::from(digit))
+            })
             .map(ReservationId)
-            .map_err(|_| MalformedReservationId)
+            .ok_or(MalformedReservationId)
     }
 }
 
@@ -148,6 +179,8 @@ mod tests {
             let id = ReservationId::from_u128(bits);
             let text = id.to_string();
             prop_assert_eq!(text.len(), 36);
+            prop_assert_eq!(&text, &format!("rsv_{bits:032x}"));
+            prop_assert_eq!(text.as_bytes(), &id.to_ascii()[..]);
             prop_assert_eq!(text.parse::<ReservationId>(), Ok(id));
         }
     }

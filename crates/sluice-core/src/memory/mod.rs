@@ -172,8 +172,16 @@ impl<C: Clock> MemoryStore<C> {
     /// Decides one check: the same as [`Store::check`] with one element, without the future and
     /// the vector, for callers in the same process.
     pub fn check_one(&self, check: Check<'_>) -> StoreResult<Decision> {
-        let now = self.clock.now();
-        let fp = self.fingerprints.of(check.key);
+        self.check_one_at(check, self.fingerprints.of(check.key), self.clock.now())
+    }
+
+    /// Decides one check of the counter with fingerprint `fp` at `now`.
+    fn check_one_at(
+        &self,
+        check: Check<'_>,
+        fp: Fingerprint,
+        now: Timestamp,
+    ) -> StoreResult<Decision> {
         let mut shard = lock(&self.shards[self.shard_of(fp)].0);
         if let Some(entry) = shard.map.get_mut(&fp) {
             let d = decide_in_place(check.policy, entry, now, check.cost);
@@ -375,17 +383,26 @@ impl<C: Clock> MemoryStore<C> {
     fn reserve_now(&self, checks: &[Check<'_>], lease: Lease<'_>) -> StoreResult<Vec<Decision>> {
         let now = self.clock.now();
         self.reservations.make_room(now)?;
-        let decisions = self.check_all_at(checks, now)?;
+        // One check, as most reservations are, goes the way of a single `/v1/check`: one
+        // fingerprint, kept for the hold, and none of the multi-key path's vectors.
+        let (decisions, holds) = match checks {
+            [one] => {
+                let fp = self.fingerprints.of(one.key);
+                let d = self.check_one_at(*one, fp, now)?;
+                (vec![d], vec![Hold::of(one, fp)])
+            }
+            many => {
+                let decisions = self.check_all_at(many, now)?;
+                let holds = many
+                    .iter()
+                    .map(|c| Hold::of(c, self.fingerprints.of(c.key)))
+                    .collect();
+                (decisions, holds)
+            }
+        };
         if decisions.iter().all(|d| d.allowed) {
-            let holds = checks
-                .iter()
-                .map(|c| Hold {
-                    key: c.key.into(),
-                    policy: c.policy.clone(),
-                    cost: c.cost,
-                })
-                .collect();
-            self.reservations.insert(*lease.id, holds, now, lease.ttl);
+            self.reservations
+                .insert(*lease.id, holds.into_boxed_slice(), now, lease.ttl);
         }
         Ok(decisions)
     }
@@ -404,10 +421,10 @@ impl<C: Clock> MemoryStore<C> {
         for hold in claim.holds.iter().rev() {
             match Adjustment::of(hold.policy.algorithm(), hold.cost, used) {
                 Some(Adjustment::Refund(units)) => {
-                    self.give_back(&hold.key, &hold.policy, units, claim.taken_at, now);
+                    self.give_back(hold.fp, &hold.policy, units, claim.taken_at, now);
                 }
                 Some(Adjustment::Charge(units)) => {
-                    self.charge(&hold.key, &hold.policy, units, now)?;
+                    self.charge(hold.fp, &hold.policy, units, now)?;
                 }
                 None => {}
             }
@@ -419,16 +436,16 @@ impl<C: Clock> MemoryStore<C> {
         })
     }
 
-    /// Gives `units` taken at `taken_at` back to the counter `key`, if it is still tracked.
+    /// Gives `units` taken at `taken_at` back to the counter with fingerprint `fp`, if it is
+    /// still tracked.
     fn give_back(
         &self,
-        key: &str,
+        fp: Fingerprint,
         policy: &Policy,
         units: u64,
         taken_at: Timestamp,
         now: Timestamp,
     ) {
-        let fp = self.fingerprints.of(key);
         let mut shard = lock(&self.shards[self.shard_of(fp)].0);
         if let Some(entry) = shard.map.get_mut(&fp) {
             adjust::refund(policy, entry, units, taken_at, now);
@@ -441,12 +458,18 @@ impl<C: Clock> MemoryStore<C> {
     /// the algorithm has earned the units back. Fails only when the store is full of limited
     /// keys and cannot track a new one.
     pub fn charge_one(&self, key: &str, policy: &Policy, units: u64) -> StoreResult<()> {
-        self.charge(key, policy, units, self.clock.now())
+        self.charge(self.fingerprints.of(key), policy, units, self.clock.now())
     }
 
-    /// Charges `units` to the counter `key` whatever it holds, tracking it if it is not yet.
-    fn charge(&self, key: &str, policy: &Policy, units: u64, now: Timestamp) -> StoreResult<()> {
-        let fp = self.fingerprints.of(key);
+    /// Charges `units` to the counter with fingerprint `fp` whatever it holds, tracking it if
+    /// it is not yet.
+    fn charge(
+        &self,
+        fp: Fingerprint,
+        policy: &Policy,
+        units: u64,
+        now: Timestamp,
+    ) -> StoreResult<()> {
         let mut shard = lock(&self.shards[self.shard_of(fp)].0);
         if let Some(entry) = shard.map.get_mut(&fp) {
             if let Some(fresh) = adjust::charge(policy, Some(entry), units, now) {
@@ -473,7 +496,8 @@ impl<C: Clock> MemoryStore<C> {
             .iter()
             .map(|r| {
                 if r.units > 0 {
-                    self.give_back(r.key, r.policy, r.units, now, now);
+                    let fp = self.fingerprints.of(r.key);
+                    self.give_back(fp, r.policy, r.units, now, now);
                 }
                 self.peek_one(r.key, r.policy)
             })

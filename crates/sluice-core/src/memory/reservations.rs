@@ -4,14 +4,28 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::{Policy, ReservationId, Settlement, StoreError, StoreResult, Timestamp};
+use super::fingerprint::Fingerprint;
+use crate::{Check, Policy, ReservationId, Settlement, StoreError, StoreResult, Timestamp};
 
 /// What one check of a reservation took: which counter, under which policy, how many units.
+/// The counter by its fingerprint, as the store's map holds it: no copy of the key to allocate
+/// at the reserve, nothing to hash again at the settle.
 #[derive(Debug, Clone)]
 pub(crate) struct Hold {
-    pub(crate) key: Box<str>,
+    pub(crate) fp: Fingerprint,
     pub(crate) policy: Policy,
     pub(crate) cost: u64,
+}
+
+impl Hold {
+    /// What `check` of the counter with fingerprint `fp` takes.
+    pub(crate) fn of(check: &Check<'_>, fp: Fingerprint) -> Self {
+        Hold {
+            fp,
+            policy: check.policy.clone(),
+            cost: check.cost,
+        }
+    }
 }
 
 /// One reservation.
@@ -123,8 +137,10 @@ impl Reservations {
             return Err(Settlement::Expired);
         }
         record.settled = true;
+        // A settled record answers only `AlreadySettled` from now on: its holds go to the
+        // settle rather than being copied.
         Ok(Claim {
-            holds: record.holds.clone(),
+            holds: std::mem::take(&mut record.holds),
             taken_at: record.taken_at,
         })
     }

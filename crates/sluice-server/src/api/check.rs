@@ -79,7 +79,7 @@ pub(super) fn verdict_json(
             // An id is `rsv_` and hex digits: nothing to escape.
             Some(id) => {
                 out.push(b'"');
-                out.extend_from_slice(id.to_string().as_bytes());
+                out.extend_from_slice(&id.to_ascii());
                 out.push(b'"');
             }
             None => out.extend_from_slice(b"null"),
