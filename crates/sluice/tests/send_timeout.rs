@@ -1,7 +1,8 @@
 //! `--send-timeout` on a real `sluice serve`: a client that sends 2,000 pipelined `GET /metrics`
 //! and never reads the answers is dropped once the server's writes have made no progress for
-//! the timeout, seen from outside as the server's socket leaving `/proc/PID/fd`. Before, the
-//! connection and the answers not yet written were held for as long as the client stayed.
+//! the timeout, seen from outside as the server's end of that one connection leaving
+//! `/proc/PID/fd`. Before, the connection and the answers not yet written were held for as long
+//! as the client stayed.
 
 use std::time::Duration;
 
@@ -11,10 +12,34 @@ use tokio::io::AsyncWriteExt;
 const RULES: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
 
-fn open_descriptors(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
-        .count()
+/// Whether `pid` holds the server's end of the TCP connection from `client` to `server`: its
+/// socket's inode, found in `/proc/net/tcp` by the two ports, among the process's descriptors.
+/// Counting descriptors instead races with the readiness probe's socket, which may close just
+/// as the connection is accepted.
+fn holds_connection(pid: u32, server: u16, client: u16) -> bool {
+    let port = |address: &str| {
+        address
+            .rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let inodes: Vec<String> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, remote, inode) = (fields.get(1)?, fields.get(2)?, fields.get(9)?);
+            (port(local) == Some(server) && port(remote) == Some(client))
+                .then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|target| inodes.iter().any(|i| target.to_str() == Some(i.as_str())))
 }
 
 #[tokio::test]
@@ -27,17 +52,13 @@ async fn a_client_that_never_reads_is_dropped_at_the_send_timeout() {
         .start();
     let pid = serve.pid();
     let within = Duration::from_secs(20);
-    // The listener's readiness probe may still be closing: settle on a count first.
-    let before = eventually_within("a steady count of descriptors", within, || async {
-        let first = open_descriptors(pid);
-        (open_descriptors(pid) == first).then_some(first)
-    })
-    .await;
+    let server: std::net::SocketAddr = serve.http().parse().unwrap();
 
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     // A small receive buffer, so that the answers back up into the server at once.
     socket.set_recv_buffer_size(4_096).unwrap();
-    let client = socket.connect(serve.http().parse().unwrap()).await.unwrap();
+    let client = socket.connect(server).await.unwrap();
+    let client_port = client.local_addr().unwrap().port();
     let (_unread, mut writer) = client.into_split();
     // The server stops reading once its answers back up, so the writes may block: they run
     // beside the test, and fail once the server has dropped the connection.
@@ -46,13 +67,13 @@ async fn a_client_that_never_reads_is_dropped_at_the_send_timeout() {
         let _ = writer.write_all(&requests).await;
     });
     eventually_within("the connection accepted", within, || async {
-        open_descriptors(pid) > before
+        holds_connection(pid, server.port(), client_port)
     })
     .await;
     eventually_within(
         "the connection dropped at the 1 s send timeout, nothing read",
         within,
-        || async { open_descriptors(pid) <= before },
+        || async { !holds_connection(pid, server.port(), client_port) },
     )
     .await;
     sending.await.unwrap();
