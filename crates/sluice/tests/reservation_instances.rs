@@ -51,51 +51,67 @@ async fn remaining(client: &reqwest::Client, url: &str, key: &str, value: &str) 
         .unwrap()
 }
 
-async fn shared_budget(store: &str) {
-    let (rules, _dir) = rules_file("rules.yaml", RULES);
-    let prefix = unique_prefix();
-    let instances: Vec<ServeProcess> = (0..3).map(|_| start(&rules, store, &prefix)).collect();
-    let urls: Vec<String> = instances
+/// Three `sluice serve` on `store` under `prefix`, and their HTTP base URLs.
+fn three(rules: &Path, store: &str, prefix: &str) -> (Vec<ServeProcess>, Vec<String>) {
+    let instances: Vec<ServeProcess> = (0..3).map(|_| start(rules, store, prefix)).collect();
+    let urls = instances
         .iter()
         .map(|i| format!("http://{}", i.http()))
         .collect();
+    (instances, urls)
+}
+
+/// 150 reservations of 10 on `key`, from 30 concurrent callers spread over `urls`: the
+/// admitted ones, each with the index of its call and its reservation id. A refusal carries no
+/// reservation.
+async fn reserve_from_all(
+    client: &reqwest::Client,
+    urls: &[String],
+    key: &'static str,
+) -> Vec<(usize, String)> {
+    let tasks: Vec<_> = (0..30)
+        .map(|c| {
+            let (client, urls) = (client.clone(), urls.to_vec());
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for i in (c..150).step_by(30) {
+                    let mut reserve = body(key, "acme");
+                    reserve["amount"] = json!(10);
+                    let r = client
+                        .post(format!("{}/v1/reserve", urls[i % 3]))
+                        .json(&reserve)
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = r.status().as_u16();
+                    let answer: Value = r.json().await.unwrap();
+                    match status {
+                        200 => ids.push((i, answer["reservation"].as_str().unwrap().to_owned())),
+                        429 => assert_eq!(answer["reservation"], Value::Null),
+                        other => panic!("unexpected {other}: {answer}"),
+                    }
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.extend(t.await.unwrap());
+    }
+    ids
+}
+
+async fn shared_budget(store: &str) {
+    let (rules, _dir) = rules_file("rules.yaml", RULES);
+    let prefix = unique_prefix();
+    let (_instances, urls) = three(&rules, store, &prefix);
     let client = sluice_testing::long_lived_client();
 
     for key in ["tenant", "bucket"] {
         // 150 reservations of 10 from 30 concurrent callers over three instances, against a
         // budget of 1,000: exactly 100 are admitted, whatever the interleaving.
-        let tasks: Vec<_> = (0..30)
-            .map(|c| {
-                let (client, urls) = (client.clone(), urls.clone());
-                tokio::spawn(async move {
-                    let mut ids = Vec::new();
-                    for i in (c..150).step_by(30) {
-                        let mut reserve = body(key, "acme");
-                        reserve["amount"] = json!(10);
-                        let r = client
-                            .post(format!("{}/v1/reserve", urls[i % 3]))
-                            .json(&reserve)
-                            .send()
-                            .await
-                            .unwrap();
-                        let status = r.status().as_u16();
-                        let answer: Value = r.json().await.unwrap();
-                        match status {
-                            200 => {
-                                ids.push((i, answer["reservation"].as_str().unwrap().to_owned()))
-                            }
-                            429 => assert_eq!(answer["reservation"], Value::Null),
-                            other => panic!("unexpected {other}: {answer}"),
-                        }
-                    }
-                    ids
-                })
-            })
-            .collect();
-        let mut ids = Vec::new();
-        for t in tasks {
-            ids.extend(t.await.unwrap());
-        }
+        let ids = reserve_from_all(&client, &urls, key).await;
         assert_eq!(
             ids.len(),
             100,
@@ -167,46 +183,11 @@ async fn three_instances_on_a_hybrid_store_share_reservations() {
     let store = format!("hybrid+{}", redis.url());
     let (rules, _dir) = rules_file("rules.yaml", RULES);
     let prefix = unique_prefix();
-    let instances: Vec<ServeProcess> = (0..3).map(|_| start(&rules, &store, &prefix)).collect();
-    let urls: Vec<String> = instances
-        .iter()
-        .map(|i| format!("http://{}", i.http()))
-        .collect();
+    let (_instances, urls) = three(&rules, &store, &prefix);
     let client = sluice_testing::long_lived_client();
 
     for key in ["tenant", "bucket"] {
-        let tasks: Vec<_> = (0..30)
-            .map(|c| {
-                let (client, urls) = (client.clone(), urls.clone());
-                tokio::spawn(async move {
-                    let mut ids = Vec::new();
-                    for i in (c..150).step_by(30) {
-                        let mut reserve = body(key, "acme");
-                        reserve["amount"] = json!(10);
-                        let r = client
-                            .post(format!("{}/v1/reserve", urls[i % 3]))
-                            .json(&reserve)
-                            .send()
-                            .await
-                            .unwrap();
-                        let status = r.status().as_u16();
-                        let answer: Value = r.json().await.unwrap();
-                        match status {
-                            200 => {
-                                ids.push((i, answer["reservation"].as_str().unwrap().to_owned()))
-                            }
-                            429 => assert_eq!(answer["reservation"], Value::Null),
-                            other => panic!("unexpected {other}: {answer}"),
-                        }
-                    }
-                    ids
-                })
-            })
-            .collect();
-        let mut ids = Vec::new();
-        for t in tasks {
-            ids.extend(t.await.unwrap());
-        }
+        let ids = reserve_from_all(&client, &urls, key).await;
         let n = ids.len() as u64;
         // Never beyond the budget; before any sync each instance has a sixth of it unreserved
         // (half of an even split), 16 reservations of 10.
