@@ -241,7 +241,26 @@ async fn a_killed_master_fails_over_while_every_request_is_answered() {
     // Exact limits again, on a fresh key on the promoted replica and on one elsewhere.
     let fresh_on_replica = values_in(&cluster, "fresh", &slots, true, 1).remove(0);
     let fresh_elsewhere = values_in(&cluster, "fresh", &slots, false, 1).remove(0);
-    for value in [fresh_on_replica, fresh_elsewhere] {
+    let fresh = [fresh_on_replica, fresh_elsewhere];
+    // First a look at each at cost 0, which takes nothing, until the store answers it without
+    // an error: each master has its own breaker and the store its own map of the masters, so a
+    // slot the probe above did not touch may still be on its way to the promoted replica.
+    for value in &fresh {
+        let mut look = body("fresh", value);
+        look["descriptors"][0]["cost"] = json!(0);
+        eventually(&format!("calls on fresh={value} succeed"), || {
+            let (client, look, http) = (client.clone(), look.clone(), http.clone());
+            async move {
+                let before = store_errors(&client, &http).await;
+                let r = client.post(format!("{http}/v1/check")).json(&look);
+                assert_eq!(r.send().await.unwrap().status().as_u16(), 200);
+                store_errors(&client, &http).await == before
+            }
+        })
+        .await;
+    }
+    let settled = store_errors(&client, &http).await;
+    for value in fresh {
         let mut admitted = 0;
         for _ in 0..60 {
             let r = client
@@ -260,7 +279,7 @@ async fn a_killed_master_fails_over_while_every_request_is_answered() {
     }
     assert_eq!(
         store_errors(&client, &http).await,
-        errors_after,
+        settled,
         "no call failed once the store found the promoted replica"
     );
 }
