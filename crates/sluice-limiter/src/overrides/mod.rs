@@ -317,10 +317,17 @@ impl Overrides {
         if self.shared() {
             self.store.put_override(&id, &body).await?;
         }
+        let shared = self.shared();
         self.change(|state| {
             state.records.insert(id.clone(), record);
+            // A read of the store may have landed between the write above and this change,
+            // holding a later version without this record: forget the version, so that the
+            // read below (or the next poll) takes the store's whole view, whoever won.
+            if shared {
+                state.version = None;
+            }
         });
-        if self.shared() {
+        if shared {
             // Read back at once, so that this instance holds the version its change made and
             // does not wait for the next poll; on failure the change already holds here.
             let _ = self.sync_now().await;
@@ -350,10 +357,15 @@ impl Overrides {
         if self.shared() {
             self.store.remove_override(&id).await?;
         }
+        let shared = self.shared();
         self.change(|state| {
             state.records.remove(&id);
+            // As in `put`: the store's view, read next, is the one that holds.
+            if shared {
+                state.version = None;
+            }
         });
-        if self.shared() {
+        if shared {
             let _ = self.sync_now().await;
         }
         tracing::info!(
