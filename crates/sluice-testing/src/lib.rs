@@ -173,6 +173,25 @@ pub fn long_lived_client() -> reqwest::Client {
         .expect("an HTTP client")
 }
 
+/// The value of the first series of `/metrics` on `url` whose line starts with `name`, or `None`
+/// while the service does not answer or has no such series.
+pub async fn metric(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with(name))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
 pub fn header(r: &reqwest::Response, name: &str) -> Option<String> {
     r.headers()
         .get(name)

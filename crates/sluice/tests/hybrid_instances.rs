@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use sluice_redis::testing::{RedisCluster, RedisServer, unique_prefix};
 use sluice_test_support::window::clock_window;
 use sluice_test_support::{ServeProcess, eventually};
+use sluice_testing::metric;
 
 /// The four algorithms the hybrid store holds, each at three limits that do not refill while a
 /// test runs (a unit a minute, or a window of an hour or a month). The sliding counter's windows
@@ -66,24 +67,6 @@ impl Instance {
 
 fn body(key: &str, value: &str) -> Value {
     json!({"domain": "hybrid", "descriptors": [{"entries": [{"key": key, "value": value}]}]})
-}
-
-/// The value of the first sample of `metric` in `instance`'s `/metrics`.
-async fn metric(client: &reqwest::Client, instance: &str, metric: &str) -> Option<f64> {
-    let text = client
-        .get(format!("{instance}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with(metric))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// Counts of answers: admitted, refused, anything else (an error).

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use sluice_redis::testing::{RedisCluster, RedisServer, unique_prefix};
 use sluice_test_support::wait::{eventually, eventually_within};
 use sluice_test_support::{ServeProcess, free_addr, rules_file, spawn_listening};
+use sluice_testing::metric;
 
 const RULES: &str = "
 domain: plans
@@ -238,24 +239,6 @@ async fn three_instances_on_one_redis_share_overrides() {
 async fn three_instances_on_a_cluster_share_overrides() {
     let cluster = RedisCluster::start();
     shared_overrides(&cluster.url()).await;
-}
-
-/// The value of the first sample of `metric` in `url`'s `/metrics`.
-async fn metric(client: &reqwest::Client, url: &str, metric: &str) -> Option<f64> {
-    let text = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with(metric))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// Sends `total` checks of `tenant` from 64 concurrent clients spread over `urls`; returns how
