@@ -95,14 +95,21 @@ async fn the_page_is_self_contained_and_its_data_follows_traffic_and_reloads() {
     assert_eq!(v["rules"]["domains"][0]["domain"], "shop");
 
     std::fs::write(dir.path().join("rules.yaml"), "domain: [\n").unwrap();
-    let v = dashboard_until(&server, |v| v["reloads"]["failed"] == 1).await;
+    // The count moves as the reload fails; the list of recent reloads follows from the
+    // reloader's events a moment later: both are waited for.
+    let last_failed = |v: &Value| {
+        v["reloads"]["recent"]
+            .as_array()
+            .and_then(|recent| recent.last())
+            .is_some_and(|last| last["outcome"] == "failed")
+    };
+    let v = dashboard_until(&server, |v| v["reloads"]["failed"] == 1 && last_failed(v)).await;
     let last = v["reloads"]["recent"]
         .as_array()
         .unwrap()
         .last()
         .unwrap()
         .clone();
-    assert_eq!(last["outcome"], "failed");
     assert!(
         last["detail"].as_str().unwrap().contains("rules.yaml:"),
         "{last}"
