@@ -65,6 +65,30 @@ struct Records {
     nothing_to_forget_before: Timestamp,
 }
 
+impl Records {
+    /// Drops up to `most` (at least one) of the records closed by `now`, settled or expired,
+    /// those forgotten soonest first; answers how many went. A quarter of the bound at a time,
+    /// so that a registry kept full by a high rate of reservations sorts its records once per
+    /// quarter of the bound reserved, not once per reservation.
+    fn drop_oldest_closed(&mut self, now: Timestamp, most: usize) -> usize {
+        let mut closed: Vec<(Timestamp, u128)> = self
+            .by_id
+            .iter()
+            .filter(|(_, r)| r.settled || now >= r.expires)
+            .map(|(&id, r)| (r.forget_at, id))
+            .collect();
+        let most = most.max(1);
+        if closed.len() > most {
+            closed.select_nth_unstable(most - 1);
+            closed.truncate(most);
+        }
+        for (_, id) in &closed {
+            self.by_id.remove(id);
+        }
+        closed.len()
+    }
+}
+
 impl Reservations {
     /// At most `max` reservations remembered at once.
     pub(crate) fn new(max: usize) -> Self {
@@ -74,9 +98,12 @@ impl Reservations {
         }
     }
 
-    /// Makes sure one more can be recorded at `now`, dropping forgotten records if the bound is
-    /// reached. Called before the checks consume, so that a full registry refuses the request
-    /// rather than consuming units nobody could give back.
+    /// Makes sure one more can be recorded at `now`, dropping records if the bound is reached:
+    /// first the forgotten ones, then, oldest first, those only kept to tell a later settle why
+    /// it is refused (settled or expired: a second settle of one dropped early answers
+    /// [`Settlement::Unknown`] instead, and gives back nothing either way). Only open
+    /// reservations hold the bound. Called before the checks consume, so that a full registry
+    /// refuses the request rather than consuming units nobody could give back.
     pub(crate) fn make_room(&self, now: Timestamp) -> StoreResult<()> {
         let mut records = lock(&self.records);
         let full = Err(StoreError::Full { max_keys: self.max });
@@ -90,10 +117,15 @@ impl Reservations {
         if records.by_id.len() < self.max {
             return Ok(());
         }
+        let closed = records.drop_oldest_closed(now, self.max / 4);
+        if closed > 0 {
+            return Ok(());
+        }
+        // Every record is open: the first to close is the first that can go.
         records.nothing_to_forget_before = records
             .by_id
             .values()
-            .map(|r| r.forget_at)
+            .map(|r| r.expires)
             .min()
             .unwrap_or(now);
         full
@@ -122,7 +154,11 @@ impl Reservations {
     /// Claims the reservation `id` for a settle at `now`: only the first settle of a live
     /// reservation gets its holds; every other is told why not.
     pub(crate) fn claim(&self, id: ReservationId, now: Timestamp) -> Result<Claim, Settlement> {
-        let records = &mut lock(&self.records).by_id;
+        let mut guard = lock(&self.records);
+        let Records {
+            by_id: records,
+            nothing_to_forget_before,
+        } = &mut *guard;
         let Some(record) = records.get_mut(&id.as_u128()) else {
             return Err(Settlement::Unknown);
         };
@@ -137,6 +173,8 @@ impl Reservations {
             return Err(Settlement::Expired);
         }
         record.settled = true;
+        // A settled record can make room at once.
+        *nothing_to_forget_before = Timestamp::EPOCH;
         // A settled record answers only `AlreadySettled` from now on: its holds go to the
         // settle rather than being copied.
         Ok(Claim {
@@ -172,8 +210,75 @@ mod tests {
         Box::new([])
     }
 
+    /// Settled and expired records give way to new reservations, those forgotten soonest first;
+    /// open ones never do.
     #[test]
-    fn a_full_registry_refuses_until_a_record_can_be_forgotten() {
+    fn a_full_registry_drops_closed_records_before_refusing() {
+        let ttl = Duration::from_secs(10);
+        let start = Timestamp::from_secs(1_000);
+        let registry = Reservations::new(8);
+        for id in 0..8 {
+            let at = start.saturating_add(Duration::from_millis(id));
+            registry.make_room(at).unwrap();
+            registry.insert(ReservationId::from_u128(id.into()), hold(), at, ttl);
+        }
+        let later = start.saturating_add(Duration::from_secs(1));
+        for id in [5, 1, 3] {
+            registry.claim(ReservationId::from_u128(id), later).unwrap();
+        }
+        // Full: a quarter of the bound goes, the two settled records forgotten soonest.
+        registry.make_room(later).unwrap();
+        assert_eq!(registry.len(), 6);
+        let settle = |id: u128| registry.claim(ReservationId::from_u128(id), later).err();
+        assert_eq!(settle(1), Some(Settlement::Unknown), "dropped");
+        assert_eq!(settle(3), Some(Settlement::Unknown), "dropped");
+        assert_eq!(settle(5), Some(Settlement::AlreadySettled), "kept");
+        for open in [0, 2, 4, 6, 7] {
+            assert!(settle(open).is_none(), "{open} is still open and settles");
+        }
+    }
+
+    /// Open records hold the bound until the first of them expires.
+    #[test]
+    fn a_registry_full_of_open_records_refuses_until_one_expires() {
+        let ttl = Duration::from_secs(10);
+        let start = Timestamp::from_secs(1_000);
+        let registry = Reservations::new(2);
+        for id in 0..2 {
+            registry.make_room(start).unwrap();
+            registry.insert(ReservationId::from_u128(id), hold(), start, ttl);
+        }
+        let just_before = start.saturating_add(Duration::from_millis(9_999));
+        assert_eq!(
+            registry.make_room(just_before),
+            Err(StoreError::Full { max_keys: 2 })
+        );
+        registry
+            .make_room(start.saturating_add(ttl))
+            .expect("an expired record makes room");
+        assert_eq!(registry.len(), 1);
+    }
+
+    /// A settle on a registry that refused for want of room makes room at once.
+    #[test]
+    fn a_settle_makes_room_in_a_full_registry() {
+        let ttl = Duration::from_secs(10);
+        let start = Timestamp::from_secs(1_000);
+        let registry = Reservations::new(2);
+        for id in 0..2 {
+            registry.make_room(start).unwrap();
+            registry.insert(ReservationId::from_u128(id), hold(), start, ttl);
+        }
+        assert!(registry.make_room(start).is_err());
+        registry.claim(ReservationId::from_u128(1), start).unwrap();
+        registry
+            .make_room(start)
+            .expect("the settled record gives way");
+        assert_eq!(registry.len(), 1);
+    }
+
+    #[test]
+    fn forgotten_records_all_go_at_once() {
         let ttl = Duration::from_secs(10);
         let start = Timestamp::from_secs(1_000);
         let registry = Reservations::new(2);
@@ -183,10 +288,8 @@ mod tests {
         }
         let refused = registry.make_room(start.saturating_add(Duration::from_secs(5)));
         assert_eq!(refused, Err(StoreError::Full { max_keys: 2 }));
-        // Still full just before the first record is forgotten (twice its ttl), and not after.
-        let before = start.saturating_add(Duration::from_secs(19));
-        assert!(registry.make_room(before).is_err());
         assert_eq!(registry.len(), 2);
+        // Twice their ttl on, both are forgotten by the same sweep.
         registry
             .make_room(start.saturating_add(Duration::from_secs(20)))
             .unwrap();
