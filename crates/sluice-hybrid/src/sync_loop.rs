@@ -45,6 +45,9 @@ impl<C: Clock + 'static> HybridStore<C> {
         // at this sync, so that the others' grants count its units.
         let alone = self.alone();
         let joined = inner.synced_alone.swap(alone, Ordering::Relaxed) && !alone;
+        // Whether this lone instance keeps units unsent: then it beats at every sync, so that it
+        // learns of an instance that starts within one interval, not half a heartbeat's life.
+        let mut unsent = false;
         {
             let mut keys = lock(&inner.keys);
             // One pass: entries with nothing to push whose counter is full again go, the others
@@ -68,6 +71,7 @@ impl<C: Clock + 'static> HybridStore<C> {
                 }
                 // A key far from its limit, within its claim, keeps its units for a later sync.
                 if !e.due(now, alone) {
+                    unsent |= alone && !e.pending.is_empty();
                     return true;
                 }
                 e.renew_at = now.saturating_add(if alone { ttl } else { ttl / 4 });
@@ -134,11 +138,14 @@ impl<C: Clock + 'static> HybridStore<C> {
         }
         // The heartbeat goes with every sync that has keys to push or read, and on its own when
         // half its time to live has passed: an idle instance stays counted, at one call per
-        // quarter of a second, and every key idle or negative-cached costs nothing.
-        let beat_due = now
-            .as_nanos()
-            .saturating_sub(inner.last_beat.load(Ordering::Relaxed))
-            >= u64::try_from((ttl / 2).as_nanos()).unwrap_or(u64::MAX);
+        // quarter of a second, and every key idle or negative-cached costs nothing. A lone
+        // instance that keeps units unsent beats at every sync: until it hears of a newcomer,
+        // the newcomer decides on a count that lacks them.
+        let beat_due = unsent
+            || now
+                .as_nanos()
+                .saturating_sub(inner.last_beat.load(Ordering::Relaxed))
+                >= u64::try_from((ttl / 2).as_nanos()).unwrap_or(u64::MAX);
         if entries.is_empty() && !beat_due {
             inner.last_sync.store(now.as_nanos(), Ordering::Relaxed);
             return Ok(());
