@@ -283,6 +283,19 @@ impl Pair {
     }
 }
 
+/// A memory store and a Redis store (on the shared test server, under a prefix of its own), both
+/// standing at [`START`].
+async fn stores() -> (MemoryStore<FakeClock>, RedisStore) {
+    let memory = MemoryStore::builder()
+        .clock(FakeClock::at(Timestamp::from_nanos(START)))
+        .build();
+    let redis = RedisStore::connect(&shared_server().url(), test_options())
+        .await
+        .expect("a store on the test server");
+    redis.freeze_time(Timestamp::from_nanos(START));
+    (memory, redis)
+}
+
 /// Runs `steps` on both stores under `policy`, comparing every answer and, after each step,
 /// both counters.
 async fn run(
@@ -292,13 +305,7 @@ async fn run(
     steps: &[Step],
     met: &RefCell<Met>,
 ) -> Result<(), TestCaseError> {
-    let memory = MemoryStore::builder()
-        .clock(FakeClock::at(Timestamp::from_nanos(START)))
-        .build();
-    let redis = RedisStore::connect(&shared_server().url(), test_options())
-        .await
-        .expect("a store on the test server");
-    redis.freeze_time(Timestamp::from_nanos(START));
+    let (memory, redis) = stores().await;
     let conn = redis::Client::open(shared_server().url())
         .expect("the server's URL")
         .get_multiplexed_async_connection()
@@ -504,13 +511,7 @@ fn a_log_and_holds_on_one_key_answer_alike() {
         let ten = Duration::from_secs(10);
         let log: Policy = SlidingLog::new(3, ten).unwrap().into();
         let holds: Policy = ConcurrencyLimit::new(3, ten).unwrap().into();
-        let memory = MemoryStore::builder()
-            .clock(FakeClock::at(Timestamp::from_nanos(START)))
-            .build();
-        let redis = RedisStore::connect(&shared_server().url(), test_options())
-            .await
-            .expect("a store on the test server");
-        redis.freeze_time(Timestamp::from_nanos(START));
+        let (memory, redis) = stores().await;
 
         // A hold, then the log's refund on its key: the hold stays.
         let hold = [Check::new("refunded", &holds, 1)];
