@@ -283,6 +283,19 @@ impl Pair {
     }
 }
 
+/// A memory store and a Redis store (on the shared test server, under a prefix of its own), both
+/// standing at [`START`].
+async fn stores() -> (MemoryStore<FakeClock>, RedisStore) {
+    let memory = MemoryStore::builder()
+        .clock(FakeClock::at(Timestamp::from_nanos(START)))
+        .build();
+    let redis = RedisStore::connect(&shared_server().url(), test_options())
+        .await
+        .expect("a store on the test server");
+    redis.freeze_time(Timestamp::from_nanos(START));
+    (memory, redis)
+}
+
 /// Runs `steps` on both stores under `policy`, comparing every answer and, after each step,
 /// both counters.
 async fn run(
@@ -292,13 +305,7 @@ async fn run(
     steps: &[Step],
     met: &RefCell<Met>,
 ) -> Result<(), TestCaseError> {
-    let memory = MemoryStore::builder()
-        .clock(FakeClock::at(Timestamp::from_nanos(START)))
-        .build();
-    let redis = RedisStore::connect(&shared_server().url(), test_options())
-        .await
-        .expect("a store on the test server");
-    redis.freeze_time(Timestamp::from_nanos(START));
+    let (memory, redis) = stores().await;
     let conn = redis::Client::open(shared_server().url())
         .expect("the server's URL")
         .get_multiplexed_async_connection()
@@ -476,4 +483,72 @@ fn bucketed_window_answers_alike_on_both_stores() {
 #[test]
 fn concurrency_limit_answers_alike_on_both_stores() {
     differential("concurrency_limit");
+}
+
+/// What a cost-0 check of `key` under `policy` gets from each store.
+async fn peeks(
+    memory: &MemoryStore<FakeClock>,
+    redis: &RedisStore,
+    key: &str,
+    policy: &Policy,
+) -> (sluice_core::Decision, sluice_core::Decision) {
+    let m = memory.peek(key, policy).await.expect("memory peek");
+    let r = redis.peek(key, policy).await.expect("redis peek");
+    (m, r)
+}
+
+/// A sliding log and a concurrency limit on one key (a caller of the store that changed a key's
+/// policy): Redis keeps both as lists, told apart by their header, and must leave the other's
+/// list as the memory store leaves the other's state. The log's refund gives nothing back from
+/// the holds, and its charge starts a log afresh rather than count the holds as its entries.
+#[test]
+fn a_log_and_holds_on_one_key_answer_alike() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let ten = Duration::from_secs(10);
+        let log: Policy = SlidingLog::new(3, ten).unwrap().into();
+        let holds: Policy = ConcurrencyLimit::new(3, ten).unwrap().into();
+        let (memory, redis) = stores().await;
+
+        // A hold, then the log's refund on its key: the hold stays.
+        let hold = [Check::new("refunded", &holds, 1)];
+        assert!(memory.check(&hold).await.unwrap()[0].allowed);
+        assert!(redis.check(&hold).await.unwrap()[0].allowed);
+        let refund = [Refund {
+            key: "refunded",
+            policy: &log,
+            units: 1,
+        }];
+        let m = memory.refund(&refund).await.expect("memory refund");
+        let r = redis.refund(&refund).await.expect("redis refund");
+        assert_eq!(m, r, "the decisions after the log's refund");
+        let (m, r) = peeks(&memory, &redis, "refunded", &holds).await;
+        assert_eq!(m.remaining, 2, "the memory store keeps the hold");
+        assert_eq!(m, r, "the holds after the log's refund");
+
+        // A reservation on the log, a hold in its place, then a settle beyond the reservation:
+        // the log's charge starts afresh, and once it has left the window the log is full again.
+        let id = ReservationId::random();
+        let lease = Lease { id: &id, ttl: ten };
+        let taken = [Check::new("charged", &log, 1)];
+        assert!(memory.reserve(&taken, lease).await.unwrap()[0].allowed);
+        assert!(redis.reserve(&taken, lease).await.unwrap()[0].allowed);
+        let hold = [Check::new("charged", &holds, 1)];
+        assert!(memory.check(&hold).await.unwrap()[0].allowed);
+        assert!(redis.check(&hold).await.unwrap()[0].allowed);
+        let m = memory.settle(&id, 3).await.expect("memory settle");
+        let r = redis.settle(&id, 3).await.expect("redis settle");
+        assert_eq!(m, r, "the settlement beyond the reservation");
+        let (m, r) = peeks(&memory, &redis, "charged", &log).await;
+        assert_eq!(m, r, "the log after its charge");
+        let later = Duration::from_secs(11);
+        memory.clock().advance(later);
+        redis.set_time_offset(i64::try_from(later.as_nanos()).unwrap());
+        let (m, r) = peeks(&memory, &redis, "charged", &log).await;
+        assert_eq!(m.remaining, 3, "the memory store's log is full again");
+        assert_eq!(m, r, "the log once its charge has left the window");
+    });
 }

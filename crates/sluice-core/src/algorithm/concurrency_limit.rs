@@ -9,6 +9,10 @@
 //! the slots of a crashed instance come back by themselves. The reservation's own ttl is cut to
 //! this one when it is made, so a reservation never outlives its hold.
 //!
+//! The holds are kept, taken, released and counted as the sliding log keeps its entries, in an
+//! [`ExpiringLog`] whose entries count for the ttl: only the advice to a refused request differs
+//! ([`ConcurrencyLimit::RETRY_HINT`]).
+//!
 //! A decision without a reservation (`/v1/check`, `/json`, Envoy's gRPC) cannot release what
 //! it would take, so the engine asks it at cost 0: it answers whether a slot is free, and takes
 //! none.
@@ -17,9 +21,9 @@
 //! entries (plus one per charge: a settle never charges this limit, but an engine that did would
 //! only add holds that expire).
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::expiring_log::{ExpiringLog, LogLimit};
 use crate::Policy;
 use crate::algorithm::{Magnitude, PolicyParams, StoreParams};
 use crate::clock::duration_nanos;
@@ -35,12 +39,7 @@ pub struct ConcurrencyLimit {
 }
 
 /// One counter's holds: `(taken at, units)` pairs, oldest first.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ConcurrencyLimitState {
-    holds: VecDeque<(Timestamp, u64)>,
-    /// The units of every hold, kept so that a decision need not sum them all.
-    total: u64,
-}
+pub type ConcurrencyLimitState = ExpiringLog;
 
 impl ConcurrencyLimit {
     /// The most requests in flight one counter takes. Each may cost a hold of 16 bytes.
@@ -77,15 +76,12 @@ impl ConcurrencyLimit {
         Duration::from_nanos(self.ttl)
     }
 
-    /// Whether a hold taken at `at` still counts at `now`.
-    fn live(&self, at: Timestamp, now: Timestamp) -> bool {
-        at.as_nanos().saturating_add(self.ttl) > now.as_nanos()
-    }
-
-    /// Time from `now` until the hold taken at `at` stops counting.
-    fn expiry(&self, at: Timestamp, now: Timestamp) -> Duration {
-        let end = at.as_nanos().saturating_add(self.ttl);
-        Duration::from_nanos(end.saturating_sub(now.as_nanos()))
+    /// The holds' bounds: `limit` units in the holds taken within the ttl.
+    fn holds(&self) -> LogLimit {
+        LogLimit {
+            limit: self.limit,
+            lifetime: self.ttl,
+        }
     }
 
     /// Decides a request of `cost` slots against `state` at `now`, without changing it. Call
@@ -93,59 +89,19 @@ impl ConcurrencyLimit {
     ///
     /// A cost of 0 asks whether a slot is free. `reset_after` is the time until the newest hold
     /// expires (when the counter is full again without any settle); a refusal's `retry_after`
-    /// is at most [`ConcurrencyLimit::RETRY_HINT`].
+    /// is at most [`ConcurrencyLimit::RETRY_HINT`], short of when enough of the oldest holds
+    /// expire, the latest the slots come back without a settle.
     pub fn decide(&self, state: &ConcurrencyLimitState, now: Timestamp, cost: u64) -> Decision {
-        // Holds are in the order taken, so the expired ones are a prefix.
-        let expired = state
-            .holds
-            .iter()
-            .take_while(|(at, _)| !self.live(*at, now));
-        let used = state.total - expired.clone().map(|(_, n)| n).sum::<u64>();
-        let live = state.holds.iter().skip(expired.count());
-        let remaining = self.limit.saturating_sub(used);
-        let need = cost.max(1);
-        let last_expiry = |extra: bool| match state.holds.back() {
-            _ if extra => self.ttl(),
-            Some((at, _)) if self.live(*at, now) => self.expiry(*at, now),
-            _ => Duration::ZERO,
-        };
-        if need > self.limit {
-            return Decision::deny(self.limit, remaining, last_expiry(false), Decision::NEVER);
+        let mut d = self.holds().decide(state, now, cost);
+        if !d.is_permanent_denial() {
+            d.retry_after = d.retry_after.min(Self::RETRY_HINT);
         }
-        if need <= remaining {
-            return Decision::allow(self.limit, remaining - cost, last_expiry(cost > 0));
-        }
-        // The latest the slots come back without a settle: when enough of the oldest holds
-        // expire. A charge may have taken the count past the limit, so room is what is left of
-        // `used`.
-        let mut freed = 0;
-        let mut retry = Duration::ZERO;
-        for (at, units) in live {
-            freed += units;
-            retry = self.expiry(*at, now);
-            if (used - freed).saturating_add(need) <= self.limit {
-                break;
-            }
-        }
-        Decision::deny(
-            self.limit,
-            remaining,
-            last_expiry(false),
-            retry.min(Self::RETRY_HINT),
-        )
+        d
     }
 
     /// Records an admitted request's `cost` holds at `now`, dropping holds that have expired.
     pub fn record(&self, state: &mut ConcurrencyLimitState, now: Timestamp, cost: u64) {
-        self.forget_expired(state, now);
-        if cost == 0 {
-            return;
-        }
-        match state.holds.back_mut() {
-            Some((at, units)) if *at >= now => *units += cost,
-            _ => state.holds.push_back((now, cost)),
-        }
-        state.total += cost;
+        self.holds().record(state, now, cost);
     }
 
     /// Releases up to `units` holds taken at `taken_at`: removes them from the newest holds
@@ -160,57 +116,19 @@ impl ConcurrencyLimit {
         taken_at: Timestamp,
         now: Timestamp,
     ) {
-        self.forget_expired(state, now);
-        let mut left = units;
-        let mut i = state.holds.len();
-        while left > 0 && i > 0 {
-            i -= 1;
-            let Some((at, held)) = state.holds.get_mut(i) else {
-                break;
-            };
-            if *at > taken_at {
-                continue;
-            }
-            let back = left.min(*held);
-            *held -= back;
-            left -= back;
-            state.total -= back;
-            if *held == 0 {
-                state.holds.remove(i);
-            }
-        }
+        self.holds().refund(state, units, taken_at, now);
     }
 
     /// Takes `units` holds at `now` whatever the counter holds, past the limit if need be. A
     /// settle never charges an in-flight limit (it releases the hold whatever was used); this is
-    /// the algorithm's charge for the store's contract, and its holds expire like any other. The
-    /// total is held at `u64::MAX` so that it cannot overflow.
+    /// the algorithm's charge for the store's contract, and its holds expire like any other.
     pub fn charge(&self, state: &mut ConcurrencyLimitState, units: u64, now: Timestamp) {
-        self.record(state, now, units.min(u64::MAX - state.total));
+        self.holds().charge(state, units, now);
     }
 
     /// Drops holds that no longer count at `now`.
     pub fn forget_expired(&self, state: &mut ConcurrencyLimitState, now: Timestamp) {
-        while let Some((at, _)) = state.holds.front() {
-            if self.live(*at, now) {
-                break;
-            }
-            if let Some((_, units)) = state.holds.pop_front() {
-                state.total -= units;
-            }
-        }
-    }
-}
-
-impl ConcurrencyLimitState {
-    /// How many entries of holds the state keeps (holds taken at one instant share one).
-    pub fn len(&self) -> usize {
-        self.holds.len()
-    }
-
-    /// Whether no hold is kept.
-    pub fn is_empty(&self) -> bool {
-        self.holds.is_empty()
+        self.holds().forget_expired(state, now);
     }
 }
 

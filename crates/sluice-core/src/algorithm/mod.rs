@@ -1,6 +1,10 @@
 //! The eight algorithms, each a pure function of `(state, now, policy, cost)` in its own module,
 //! and [`ALGORITHMS`], the one table that describes them to the rest of Sluice.
 //!
+//! The sliding log and the concurrency limit keep the same state, an [`ExpiringLog`] of entries
+//! that each count for a fixed time, and decide, record, refund and charge through its one
+//! implementation, each with its own parameters and its own advice to a refused request.
+//!
 //! None of them reads a clock, allocates on the common path, or panics on any input: a clock
 //! that steps backwards is treated as no time passing, and arithmetic saturates.
 //!
@@ -14,6 +18,7 @@
 mod bucketed_window;
 mod concurrency_limit;
 mod divisor;
+mod expiring_log;
 mod fixed_window;
 mod gcra;
 mod leaky_queue;
@@ -25,6 +30,7 @@ mod token_bucket;
 
 pub use bucketed_window::{BucketedWindow, BucketedWindowState};
 pub use concurrency_limit::{ConcurrencyLimit, ConcurrencyLimitState};
+pub use expiring_log::ExpiringLog;
 pub use fixed_window::{Alignment, FixedWindow, FixedWindowState};
 pub use gcra::Gcra;
 pub use leaky_queue::LeakyQueue;

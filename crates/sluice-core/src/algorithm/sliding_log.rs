@@ -1,16 +1,14 @@
 //! The sliding window log: the exact algorithm. It remembers when each admitted request arrived
 //! and admits a new one only if fewer than `limit` units arrived in the last window.
 //!
-//! Only admitted requests are logged (a rejected one would otherwise keep its sender locked out),
-//! and requests that arrive at the same instant share one entry, so a log never holds more than
-//! `limit` entries: its memory is bounded by the limit. A charge (usage settled beyond what was
-//! reserved) adds one entry more, so with charges the bound is `limit` plus one per charge in the
-//! window.
+//! Only admitted requests are logged (a rejected one would otherwise keep its sender locked out).
+//! The log is an [`ExpiringLog`] whose entries count for the window, which bounds its memory by
+//! the limit (plus one entry per charge in the window).
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::INSTEAD_OF_A_LARGE_LOG;
+use super::expiring_log::{ExpiringLog, LogLimit};
 use crate::Policy;
 use crate::algorithm::PolicyParams;
 use crate::algorithm::{Magnitude, StoreParams};
@@ -25,13 +23,8 @@ pub struct SlidingLog {
     window: u64,
 }
 
-/// One key's log: `(arrival, units)` pairs, oldest first.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SlidingLogState {
-    entries: VecDeque<(Timestamp, u64)>,
-    /// The units of every entry, kept so that a decision need not sum the whole log.
-    total: u64,
-}
+/// One key's log: its admitted requests' `(arrival, units)` pairs, oldest first.
+pub type SlidingLogState = ExpiringLog;
 
 impl SlidingLog {
     /// The largest limit a log takes. Each admitted request may cost an entry of 16 bytes, so a
@@ -60,67 +53,26 @@ impl SlidingLog {
         Duration::from_nanos(self.window)
     }
 
-    /// Whether an entry that arrived at `at` still counts at `now`.
-    fn live(&self, at: Timestamp, now: Timestamp) -> bool {
-        at.as_nanos().saturating_add(self.window) > now.as_nanos()
-    }
-
-    /// Time from `now` until the entry that arrived at `at` stops counting.
-    fn expiry(&self, at: Timestamp, now: Timestamp) -> Duration {
-        let end = at.as_nanos().saturating_add(self.window);
-        Duration::from_nanos(end.saturating_sub(now.as_nanos()))
+    /// The log's bounds: `limit` units in the entries of the last window.
+    fn log(&self) -> LogLimit {
+        LogLimit {
+            limit: self.limit,
+            lifetime: self.window,
+        }
     }
 
     /// Decides a request of `cost` against `state` at `now`, without changing it. Call
     /// [`SlidingLog::record`] to admit it when the decision allows.
     ///
-    /// A cost of 0 asks whether one more request would pass.
+    /// A cost of 0 asks whether one more request would pass. A refusal's `retry_after` is when
+    /// enough of the oldest entries will have left the window to make room.
     pub fn decide(&self, state: &SlidingLogState, now: Timestamp, cost: u64) -> Decision {
-        // Entries are in arrival order, so the expired ones are a prefix: subtract only those.
-        let expired = state
-            .entries
-            .iter()
-            .take_while(|(at, _)| !self.live(*at, now));
-        let used = state.total - expired.clone().map(|(_, n)| n).sum::<u64>();
-        let live = state.entries.iter().skip(expired.count());
-        let remaining = self.limit.saturating_sub(used);
-        let need = cost.max(1);
-        let last_expiry = |extra: bool| match state.entries.back() {
-            _ if extra => self.window(),
-            Some((at, _)) if self.live(*at, now) => self.expiry(*at, now),
-            _ => Duration::ZERO,
-        };
-        if need > self.limit {
-            return Decision::deny(self.limit, remaining, last_expiry(false), Decision::NEVER);
-        }
-        if need <= remaining {
-            return Decision::allow(self.limit, remaining - cost, last_expiry(cost > 0));
-        }
-        // Wait until enough of the oldest entries expire to make room. A charge may have taken
-        // the log past its limit, so room is what is left of `used`, not `remaining` plus it.
-        let mut freed = 0;
-        let mut retry = Duration::ZERO;
-        for (at, units) in live {
-            freed += units;
-            retry = self.expiry(*at, now);
-            if (used - freed).saturating_add(need) <= self.limit {
-                break;
-            }
-        }
-        Decision::deny(self.limit, remaining, last_expiry(false), retry)
+        self.log().decide(state, now, cost)
     }
 
     /// Records an admitted request of `cost` at `now`, dropping entries that no longer count.
     pub fn record(&self, state: &mut SlidingLogState, now: Timestamp, cost: u64) {
-        self.forget_expired(state, now);
-        if cost == 0 {
-            return;
-        }
-        match state.entries.back_mut() {
-            Some((at, units)) if *at >= now => *units += cost,
-            _ => state.entries.push_back((now, cost)),
-        }
-        state.total += cost;
+        self.log().record(state, now, cost);
     }
 
     /// Gives back up to `units` taken at `taken_at`: removes them from the newest entries
@@ -135,57 +87,19 @@ impl SlidingLog {
         taken_at: Timestamp,
         now: Timestamp,
     ) {
-        self.forget_expired(state, now);
-        let mut left = units;
-        let mut i = state.entries.len();
-        while left > 0 && i > 0 {
-            i -= 1;
-            let Some((at, held)) = state.entries.get_mut(i) else {
-                break;
-            };
-            if *at > taken_at {
-                continue;
-            }
-            let back = left.min(*held);
-            *held -= back;
-            left -= back;
-            state.total -= back;
-            if *held == 0 {
-                state.entries.remove(i);
-            }
-        }
+        self.log().refund(state, units, taken_at, now);
     }
 
     /// Takes `units` at `now` whatever the log holds, past the limit if need be: they are
     /// logged as an admission would be, so requests are refused until enough entries have left
-    /// the window. The total is held at `u64::MAX`, far past any limit, so that it cannot
-    /// overflow.
+    /// the window.
     pub fn charge(&self, state: &mut SlidingLogState, units: u64, now: Timestamp) {
-        self.record(state, now, units.min(u64::MAX - state.total));
+        self.log().charge(state, units, now);
     }
 
     /// Drops entries that no longer count at `now`.
     pub fn forget_expired(&self, state: &mut SlidingLogState, now: Timestamp) {
-        while let Some((at, _)) = state.entries.front() {
-            if self.live(*at, now) {
-                break;
-            }
-            if let Some((_, units)) = state.entries.pop_front() {
-                state.total -= units;
-            }
-        }
-    }
-}
-
-impl SlidingLogState {
-    /// How many entries the log holds.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether the log holds no entry.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.log().forget_expired(state, now);
     }
 }
 

@@ -6,6 +6,9 @@
 //! lines replaced:
 //!
 //! - `--#include <file>`: a part the scripts share, from [`PARTS`].
+//! - `--#include <file> <section>`: only that section of the part: how two algorithms that keep
+//!   the same state (the sliding log and the concurrency limit, `expiring_log.lua`) write each of
+//!   their sections once.
 //! - `--#decide_one`: an `if alg == CODE then` chain with, in each branch, the algorithm's
 //!   `helpers`, `check` and (when it admits and `write` is set) `store` sections inline, from
 //!   its file in `lua/algorithm/`: what the check script runs for a call of one check, with no
@@ -27,8 +30,8 @@ use sluice_core::algorithm::ALGORITHMS;
 use super::algorithm;
 
 /// The files that scripts include, by name: each `--#include <name>` line of a script is
-/// replaced by the file's text.
-const PARTS: [(&str, &str); 6] = [
+/// replaced by the file's text, and each `--#include <name> <section>` line by that section.
+const PARTS: [(&str, &str); 7] = [
     ("clock.lua", include_str!("lua/clock.lua")),
     ("mul_div.lua", include_str!("lua/mul_div.lua")),
     ("helpers.lua", include_str!("lua/helpers.lua")),
@@ -38,6 +41,7 @@ const PARTS: [(&str, &str); 6] = [
         "write_reservation.lua",
         include_str!("lua/write_reservation.lua"),
     ),
+    ("expiring_log.lua", include_str!("lua/expiring_log.lua")),
 ];
 
 /// Every file of `lua/algorithm/`, by its stem (the algorithm's name): listed by `build.rs`.
@@ -113,12 +117,23 @@ fn expand(file: &str, out: &mut String, declared: &mut Vec<String>) {
     for line in file.split_inclusive('\n') {
         let directive = line.trim();
         let indent = &line[..line.len() - line.trim_start().len()];
-        if let Some(name) = directive.strip_prefix("--#include ") {
+        if let Some(include) = directive.strip_prefix("--#include ") {
+            let (name, part_section) = match include.split_once(' ') {
+                Some((name, part_section)) => (name, Some(part_section)),
+                None => (include, None),
+            };
             let (_, part) = PARTS
                 .iter()
                 .find(|(n, _)| *n == name)
                 .unwrap_or_else(|| panic!("a script includes {name}, which is not in PARTS"));
-            expand(part, out, declared);
+            let text = match part_section {
+                None => part,
+                Some(wanted) => match section(part, wanted) {
+                    "" => panic!("a script includes section {wanted} of {name}, which has none"),
+                    text => text,
+                },
+            };
+            expand(text, out, declared);
         } else if let Some(name) = directive.strip_prefix("--#algorithms ") {
             for spec in &ALGORITHMS {
                 let text = section(algorithm_file(spec.name), name);
@@ -211,6 +226,16 @@ fn set_vars(vars: &[(&str, &str)], algorithm: &str, declared: &[String]) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_include_of_a_section_takes_that_section_only() {
+        let script = Script::assemble("a\n--#include expiring_log.lua refund\nb\n");
+        // The refund's body, and nothing of the charge that follows it in the file.
+        assert!(script.body.contains("redis.call('LREM', key, 0, '-')"));
+        assert!(!script.body.contains("after_now(0)"));
+        assert!(!script.body.contains("--#"));
+        assert!(script.body.ends_with("return true\n\nb\n"));
+    }
 
     #[test]
     fn includes_are_expanded_in_place_and_in_depth() {

@@ -9,7 +9,9 @@
 //! timestamps (`helpers.lua`), the check script's body, which the reserve script runs too
 //! (`decide_checks.lua`), and the writing of a reservation's record (`write_reservation.lua`),
 //! and puts in each algorithm's own Lua from its file in
-//! `lua/algorithm/` (one per algorithm, named as in the table, listed by `build.rs`).
+//! `lua/algorithm/` (one per algorithm, named as in the table, listed by `build.rs`). The sliding
+//! log's and the concurrency limit's files take each of their sections from the log they both
+//! keep (`expiring_log.lua`), by a `--#include <file> <section>` line.
 //!
 //! ## Cost per call
 //!
