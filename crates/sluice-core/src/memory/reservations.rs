@@ -206,23 +206,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
-    fn hold() -> Box<[Hold]> {
-        Box::new([])
+    const TTL: Duration = Duration::from_secs(10);
+    const START: Timestamp = Timestamp::from_secs(1_000);
+
+    /// A registry of `max` records, full of open reservations `0..max` taken a millisecond
+    /// apart from [`START`] for [`TTL`].
+    fn full(max: u64) -> Reservations {
+        let registry = Reservations::new(usize::try_from(max).unwrap());
+        for id in 0..max {
+            let at = START.saturating_add(Duration::from_millis(id));
+            registry.make_room(at).unwrap();
+            registry.insert(ReservationId::from_u128(id.into()), Box::new([]), at, TTL);
+        }
+        registry
+    }
+
+    fn at(millis: u64) -> Timestamp {
+        START.saturating_add(Duration::from_millis(millis))
     }
 
     /// Settled and expired records give way to new reservations, those forgotten soonest first;
     /// open ones never do.
     #[test]
     fn a_full_registry_drops_closed_records_before_refusing() {
-        let ttl = Duration::from_secs(10);
-        let start = Timestamp::from_secs(1_000);
-        let registry = Reservations::new(8);
-        for id in 0..8 {
-            let at = start.saturating_add(Duration::from_millis(id));
-            registry.make_room(at).unwrap();
-            registry.insert(ReservationId::from_u128(id.into()), hold(), at, ttl);
-        }
-        let later = start.saturating_add(Duration::from_secs(1));
+        let registry = full(8);
+        let later = at(1_000);
         for id in [5, 1, 3] {
             registry.claim(ReservationId::from_u128(id), later).unwrap();
         }
@@ -241,20 +249,11 @@ mod tests {
     /// Open records hold the bound until the first of them expires.
     #[test]
     fn a_registry_full_of_open_records_refuses_until_one_expires() {
-        let ttl = Duration::from_secs(10);
-        let start = Timestamp::from_secs(1_000);
-        let registry = Reservations::new(2);
-        for id in 0..2 {
-            registry.make_room(start).unwrap();
-            registry.insert(ReservationId::from_u128(id), hold(), start, ttl);
-        }
-        let just_before = start.saturating_add(Duration::from_millis(9_999));
-        assert_eq!(
-            registry.make_room(just_before),
-            Err(StoreError::Full { max_keys: 2 })
-        );
+        let registry = full(2);
+        let full_error = Err(StoreError::Full { max_keys: 2 });
+        assert_eq!(registry.make_room(at(9_999)), full_error);
         registry
-            .make_room(start.saturating_add(ttl))
+            .make_room(at(10_000))
             .expect("an expired record makes room");
         assert_eq!(registry.len(), 1);
     }
@@ -262,37 +261,22 @@ mod tests {
     /// A settle on a registry that refused for want of room makes room at once.
     #[test]
     fn a_settle_makes_room_in_a_full_registry() {
-        let ttl = Duration::from_secs(10);
-        let start = Timestamp::from_secs(1_000);
-        let registry = Reservations::new(2);
-        for id in 0..2 {
-            registry.make_room(start).unwrap();
-            registry.insert(ReservationId::from_u128(id), hold(), start, ttl);
-        }
-        assert!(registry.make_room(start).is_err());
-        registry.claim(ReservationId::from_u128(1), start).unwrap();
+        let registry = full(2);
+        assert!(registry.make_room(at(5)).is_err());
+        registry.claim(ReservationId::from_u128(1), at(5)).unwrap();
         registry
-            .make_room(start)
+            .make_room(at(5))
             .expect("the settled record gives way");
         assert_eq!(registry.len(), 1);
     }
 
+    /// Twice their ttl on, records are forgotten by one sweep, all at once.
     #[test]
     fn forgotten_records_all_go_at_once() {
-        let ttl = Duration::from_secs(10);
-        let start = Timestamp::from_secs(1_000);
-        let registry = Reservations::new(2);
-        for id in 0..2 {
-            registry.make_room(start).unwrap();
-            registry.insert(ReservationId::from_u128(id), hold(), start, ttl);
-        }
-        let refused = registry.make_room(start.saturating_add(Duration::from_secs(5)));
-        assert_eq!(refused, Err(StoreError::Full { max_keys: 2 }));
+        let registry = full(2);
+        assert!(registry.make_room(at(5_000)).is_err());
         assert_eq!(registry.len(), 2);
-        // Twice their ttl on, both are forgotten by the same sweep.
-        registry
-            .make_room(start.saturating_add(Duration::from_secs(20)))
-            .unwrap();
+        registry.make_room(at(20_001)).unwrap();
         assert_eq!(registry.len(), 0, "both forgotten at once");
     }
 }
