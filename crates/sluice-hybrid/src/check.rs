@@ -44,7 +44,9 @@ impl<C: Clock + 'static> HybridStore<C> {
                 };
                 let share = self.share(c.policy.limit());
                 let d = self.within_share(d, c.cost, share, now)?;
-                if d.allowed && c.cost > 0 {
+                if c.cost == 0 {
+                    self.watch(&mut keys, c.key, c.policy, state, now);
+                } else if d.allowed {
                     let mut fresh = Entry::new(c.policy, state, now, share);
                     fresh.wanted = c.cost;
                     fresh.commit(c.policy, state, c.cost, d, now, &inner.dropped);
@@ -55,6 +57,8 @@ impl<C: Clock + 'static> HybridStore<C> {
         };
         if c.cost > 0 {
             e.wanted = e.wanted.saturating_add(c.cost);
+        } else {
+            e.expires = e.expires.max(self.watched_until(now));
         }
         let Some((state, d)) = decide(c.policy, Some(&e.state), now, c.cost) else {
             return Err(unheld(c.policy));
@@ -69,6 +73,35 @@ impl<C: Clock + 'static> HybridStore<C> {
             e.commit(c.policy, state, c.cost, d, now, &self.inner.dropped);
         }
         Ok(d)
+    }
+
+    /// Has the next syncs read `key`'s global state, consuming nothing: a key this instance
+    /// does not track is tracked from `fresh` for a few sync intervals, and a tracked one is kept
+    /// at least as long. A look at a key (a peek, a check of cost 0) on an instance that never
+    /// served it would otherwise answer from an empty counter every time, blind to what the
+    /// other instances took. When the map is full, the key is answered untracked.
+    pub(crate) fn watch(
+        &self,
+        keys: &mut HashMap<String, Entry>,
+        key: &str,
+        policy: &Policy,
+        fresh: Local,
+        now: Timestamp,
+    ) {
+        let until = self.watched_until(now);
+        if let Some(e) = keys.get_mut(key).filter(|e| e.policy == *policy) {
+            e.expires = e.expires.max(until);
+        } else if !keys.contains_key(key) && keys.len() < self.inner.options.max_keys {
+            keys.insert(
+                key.to_owned(),
+                Entry::new(policy, fresh, until, self.share(policy.limit())),
+            );
+        }
+    }
+
+    /// How long a watched key stays tracked: long enough for the next syncs to read it.
+    fn watched_until(&self, now: Timestamp) -> Timestamp {
+        now.saturating_add(self.inner.options.sync_interval * 4)
     }
 
     /// Room in `keys` for `new` more keys: when the map is full, the spent entries go first;
@@ -178,6 +211,12 @@ impl<C: Clock + 'static> HybridStore<C> {
                 after.push((c.key, c.policy, state));
             }
             decisions.push(d);
+        }
+        // A look at a key (cost 0) has the next syncs read its global state.
+        for c in checks.iter().filter(|c| c.cost == 0) {
+            if let Some((fresh, _)) = decide(c.policy, None, now, 0) {
+                self.watch(keys, c.key, c.policy, fresh, now);
+            }
         }
         if !decisions.iter().all(|d| d.allowed) {
             return Ok(sluice_core::unconsumed(checks, decisions));

@@ -209,16 +209,7 @@ impl<C: Clock + 'static> Store for HybridStore<C> {
         let Some((fresh, d)) = decide(policy, stored.as_ref(), now, 0) else {
             return Err(unheld(policy));
         };
-        // Long enough for the next syncs to read it.
-        let watch = now.saturating_add(inner.options.sync_interval * 4);
-        if let Some(e) = keys.get_mut(key).filter(|e| e.policy == *policy) {
-            e.expires = e.expires.max(watch);
-        } else if keys.len() < inner.options.max_keys {
-            keys.insert(
-                key.to_owned(),
-                Entry::new(policy, fresh, watch, self.share(policy.limit())),
-            );
-        }
+        self.watch(&mut keys, key, policy, fresh, now);
         Ok(d)
     }
 

@@ -114,6 +114,11 @@ async fn admitted(store: &HybridStore<FakeClock>, key: &str, policy: &Policy, n:
     ok
 }
 
+/// What the first of `checks` has left, as `store` answers them.
+async fn look(store: &HybridStore<FakeClock>, checks: &[Check<'_>]) -> u64 {
+    store.check(checks).await.unwrap()[0].remaining
+}
+
 /// A fixed window of `limit` over `secs` seconds, starting at a key's first request.
 fn window_from_first_request(limit: u64, secs: u64) -> Policy {
     FixedWindow::new(limit, Duration::from_secs(secs), Alignment::FirstRequest)
@@ -216,6 +221,31 @@ async fn in_any_order_of_checks_and_syncs_the_instances_never_pass_the_limit() {
             }
             total += take_all(&stores, &key, &p).await;
             assert_eq!(total, 100, "{}: all of the limit, no more", p.algorithm());
+        }
+    }
+}
+
+/// A look at a key (a check of cost 0, alone or beside other checks) on an instance that never
+/// served it answers from an empty counter the first time, and has the next sync read the key,
+/// so that the next look sees what the other instances took. Before, such a look never tracked
+/// the key, and answered the whole limit however much the others had used.
+#[tokio::test]
+async fn a_look_at_a_key_another_instance_serves_sees_its_usage_after_a_sync() {
+    let server = RedisServer::start();
+    let (_clock, stores) = instances(server.port, 2).await;
+    for (i, p) in supported().into_iter().enumerate() {
+        for beside in [false, true] {
+            let (key, other) = (format!("looked:{i}:{beside}"), format!("other:{i}"));
+            stores[0].peek(&key, &p).await.unwrap();
+            stores[0].sync_now().await.unwrap();
+            // Within the first share of an instance among two (100 / 4).
+            assert_eq!(admitted(&stores[0], &key, &p, 20).await, 20, "{p}");
+            stores[0].sync_now().await.unwrap();
+            let checks = [Check::new(&key, &p, 0), Check::new(&other, &p, 1)];
+            let checks = if beside { &checks[..] } else { &checks[..1] };
+            assert_eq!(look(&stores[1], checks).await, 100, "{p}, {beside}: first");
+            stores[1].sync_now().await.unwrap();
+            assert_eq!(look(&stores[1], checks).await, 80, "{p}, {beside}: synced");
         }
     }
 }
