@@ -72,6 +72,7 @@ async fn a_refused_reservation_is_ok_and_a_settle_gives_back_what_was_not_used()
     let r = reserved(&mut c, reserve("acme", 60)).await;
     assert!(r.allowed, "{r:?}");
     assert!(r.reservation.starts_with("rsv_"), "{r:?}");
+    assert!(!r.admitted_without_store, "the store took it: {r:?}");
     assert_eq!(r.amount, 60);
     assert_eq!(r.ttl, Some(secs(300)), "the default ttl");
     let limit = &r.statuses[0].limits[0];
