@@ -254,6 +254,9 @@ async fn the_hybrid_store_holds_reservations() {
     options.grpc_addr = "127.0.0.1:0".parse().unwrap();
     options.store = format!("hybrid+{}", shared_server().url());
     options.store_settings.prefix = unique_prefix();
+    // Not the default 50 ms: on a loaded machine a Redis call can take longer, and the rule's
+    // `on_store_error` would then admit the reservation without a record (or a settle fail).
+    options.store_settings.timeout = Duration::from_secs(5);
     let server = Server::start(options).await.unwrap();
     let mut c = ReservationsClient::connect(format!("http://{}", server.grpc_addr()))
         .await
