@@ -85,6 +85,7 @@ impl Reservations for ReservationsService {
             statuses,
             ttl: Some(duration(reserved.ttl)),
             amount,
+            admitted_without_store: verdict.allowed && reserved.store_failed,
         }))
     }
 

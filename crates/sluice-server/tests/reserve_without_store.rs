@@ -1,11 +1,14 @@
-//! `/v1/reserve` while the store is away: with `on_store_error: allow` the request is admitted
-//! and holds no reservation, and the answer says so (`admitted_without_store`), beside the
-//! `null` reservation; with `deny` it is refused.
+//! `/v1/reserve` and gRPC `Reserve` while the store is away: with `on_store_error: allow` the
+//! request is admitted and holds no reservation, and the answer says so
+//! (`admitted_without_store`), beside the `null` (or empty) reservation; with `deny` it is
+//! refused, and does not say it.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 use sluice_core::{Check, Decision, Lease, Policy, Store, StoreError, StoreResult};
+use sluice_server::sluice_v1::reservations_client::ReservationsClient;
+use sluice_server::sluice_v1::{Descriptor, Entry, ReserveRequest, ReserveResponse};
 use sluice_server::{ServeOptions, Server};
 use sluice_test_support::rules_file;
 
@@ -38,7 +41,9 @@ impl Store for Away {
     }
 }
 
-async fn reserve(on_store_error: &str) -> (u16, Value) {
+/// The same reservation over HTTP (its status and body) and over gRPC, on a server whose rule
+/// says `on_store_error`.
+async fn reserve(on_store_error: &str) -> (u16, Value, ReserveResponse) {
     let rules = format!(
         "domain: llm\non_store_error: {on_store_error}\ndescriptors:\n  - key: tenant\n    \
          rate_limit: {{unit: hour, requests_per_unit: 1000}}\n"
@@ -60,22 +65,47 @@ async fn reserve(on_store_error: &str) -> (u16, Value) {
         .unwrap();
     let status = r.status().as_u16();
     let answer = r.json().await.unwrap();
+    let mut grpc = ReservationsClient::connect(format!("http://{}", server.grpc_addr()))
+        .await
+        .unwrap();
+    let over_grpc = grpc
+        .reserve(ReserveRequest {
+            domain: "llm".into(),
+            descriptors: vec![Descriptor {
+                entries: vec![Entry {
+                    key: "tenant".into(),
+                    value: "acme".into(),
+                }],
+            }],
+            amount: 100,
+            ttl: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    drop(grpc);
     server.shutdown().await;
-    (status, answer)
+    (status, answer, over_grpc)
 }
 
 #[tokio::test]
 async fn admitted_without_the_store_says_so() {
-    let (status, r) = reserve("allow").await;
+    let (status, r, over_grpc) = reserve("allow").await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["reservation"], Value::Null, "{r}");
     assert_eq!(r["admitted_without_store"], json!(true), "{r}");
+    assert!(over_grpc.allowed, "{over_grpc:?}");
+    assert_eq!(over_grpc.reservation, "", "{over_grpc:?}");
+    assert!(over_grpc.admitted_without_store, "{over_grpc:?}");
 }
 
 #[tokio::test]
 async fn refused_without_the_store_when_the_rule_denies() {
-    let (status, r) = reserve("deny").await;
+    let (status, r, over_grpc) = reserve("deny").await;
     assert_eq!(status, 429, "{r}");
     assert_eq!(r["reservation"], Value::Null, "{r}");
     assert!(r.get("admitted_without_store").is_none(), "{r}");
+    assert!(!over_grpc.allowed, "{over_grpc:?}");
+    assert_eq!(over_grpc.reservation, "", "{over_grpc:?}");
+    assert!(!over_grpc.admitted_without_store, "{over_grpc:?}");
 }

@@ -1,15 +1,18 @@
 //! Reservations across three `sluice serve` processes sharing one Redis, a real 3-master
 //! Cluster, or one Redis under the hybrid store: concurrent reservations never take more than
 //! the budget, each settled on another instance than the one that made it gives back exactly
-//! what was not used, and a second settle anywhere is refused. Real processes, a real
-//! `redis-server`, real HTTP.
+//! what was not used, a second settle anywhere is refused, and one left past its ttl (by
+//! Redis's clock) is refused as expired on every other instance and gives nothing back. Real
+//! processes, a real `redis-server`, real HTTP.
 
-use std::path::Path;
+mod instances;
 
-use serde_json::{Value, json};
-use sluice_redis::testing::{RedisCluster, RedisServer, unique_prefix};
-use sluice_test_support::{ServeProcess, eventually, rules_file};
+use serde_json::json;
+use sluice_redis::testing::{RedisCluster, RedisServer, redis_time_nanos, unique_prefix};
+use sluice_test_support::{eventually, rules_file};
 use sluice_testing::metric;
+
+use instances::{body, post, remaining, reserve_from_all, three, until_redis_time};
 
 /// A budget of 1,000 units an hour in a window that starts with the first request, and a bucket
 /// of 1,000 that refills one an hour: neither gains a unit while a test runs.
@@ -22,88 +25,87 @@ descriptors:
     rate_limit: {algorithm: token_bucket, requests_per_unit: 1, unit: hour, burst: 1000}
 "#;
 
-fn start(rules: &Path, store: &str, prefix: &str) -> ServeProcess {
-    ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
-        .args(["--store", store, "--store-prefix", prefix])
-        .args(["--store-timeout-ms", "5000"])
-        .config(rules)
-        .start()
-}
+/// The ttl of the reservation left to expire, in seconds: its record is remembered (and a
+/// settle answers 410) from then until twice the ttl plus a second, so the settles after the
+/// wait have 4 s to be made before the record is forgotten (404).
+const SHORT_TTL: i64 = 3;
 
-fn body(key: &str, value: &str) -> Value {
-    json!({"domain": "llm", "descriptors": [{"entries": [{"key": key, "value": value}]}]})
-}
-
-/// What the counter has left, by a look that consumes nothing.
-async fn remaining(client: &reqwest::Client, url: &str, key: &str, value: &str) -> u64 {
-    let mut look = body(key, value);
-    look["descriptors"][0]["cost"] = json!(0);
-    let r: Value = client
-        .post(format!("{url}/v1/check"))
-        .json(&look)
-        .send()
-        .await
+/// A reservation of 10 on `tenant` and `bucket` (= `late`), made on the first instance with a
+/// ttl of [`SHORT_TTL`] and never settled in time: once Redis's clock is past its end, a
+/// settle on each of the other instances answers 410 and gives nothing back: it counted as
+/// used in full. `port` is a Redis server of the store, whose clock decides the expiry.
+async fn expires_unsettled(client: &reqwest::Client, urls: &[String], port: u16) {
+    let mut both = body("tenant", "late");
+    both["descriptors"]
+        .as_array_mut()
         .unwrap()
-        .json()
-        .await
-        .unwrap();
-    r["descriptors"][0]["limits"][0]["remaining"]
-        .as_u64()
-        .unwrap()
-}
-
-/// Three `sluice serve` on `store` under `prefix`, and their HTTP base URLs.
-fn three(rules: &Path, store: &str, prefix: &str) -> (Vec<ServeProcess>, Vec<String>) {
-    let instances: Vec<ServeProcess> = (0..3).map(|_| start(rules, store, prefix)).collect();
-    let urls = instances
-        .iter()
-        .map(|i| format!("http://{}", i.http()))
-        .collect();
-    (instances, urls)
-}
-
-/// 150 reservations of 10 on `key`, from 30 concurrent callers spread over `urls`: the
-/// admitted ones, each with the index of its call and its reservation id. A refusal carries no
-/// reservation.
-async fn reserve_from_all(
-    client: &reqwest::Client,
-    urls: &[String],
-    key: &'static str,
-) -> Vec<(usize, String)> {
-    let tasks: Vec<_> = (0..30)
-        .map(|c| {
-            let (client, urls) = (client.clone(), urls.to_vec());
-            tokio::spawn(async move {
-                let mut ids = Vec::new();
-                for i in (c..150).step_by(30) {
-                    let mut reserve = body(key, "acme");
-                    reserve["amount"] = json!(10);
-                    let r = client
-                        .post(format!("{}/v1/reserve", urls[i % 3]))
-                        .json(&reserve)
-                        .send()
-                        .await
-                        .unwrap();
-                    let status = r.status().as_u16();
-                    let answer: Value = r.json().await.unwrap();
-                    match status {
-                        200 => ids.push((i, answer["reservation"].as_str().unwrap().to_owned())),
-                        429 => assert_eq!(answer["reservation"], Value::Null),
-                        other => panic!("unexpected {other}: {answer}"),
-                    }
-                }
-                ids
-            })
+        .push(body("bucket", "late")["descriptors"][0].clone());
+    let mut reserve = both.clone();
+    reserve["amount"] = json!(10);
+    reserve["ttl"] = json!(format!("{SHORT_TTL}s"));
+    // A refusal takes nothing; the hybrid store refuses a reservation beyond what the instance
+    // holds of the limit until its next sync (never the case on a key new to it, whose first
+    // share is a sixth of the limit, but the test does not lean on that).
+    let (id, end) = eventually("the first instance admits the reservation", || async {
+        let (status, r) = post(client, &urls[0], "/v1/reserve", &reserve).await;
+        match status {
+            // Its end, by Redis's clock, is at most this: the record was written before the
+            // answer.
+            200 => Ok((
+                r["reservation"].as_str().unwrap().to_owned(),
+                redis_time_nanos(port) + SHORT_TTL * 1_000_000_000,
+            )),
+            429 => Err(r),
+            other => panic!("{other}: {r}"),
+        }
+    })
+    .await;
+    // Then each other instance takes one unit, so that each counts the key: a hybrid instance
+    // answers a look at a key it has never counted from an empty state of its own, and would
+    // see neither the reservation nor a refund made elsewhere.
+    for url in &urls[1..] {
+        eventually(&format!("{url} admits a unit"), || async {
+            match post(client, url, "/v1/check", &both).await {
+                (200, _) => Ok(()),
+                (429, r) => Err(r),
+                (other, r) => panic!("{url}: {other}: {r}"),
+            }
         })
-        .collect();
-    let mut ids = Vec::new();
-    for t in tasks {
-        ids.extend(t.await.unwrap());
+        .await;
     }
-    ids
+    let left = 1000 - 10 - 2;
+    let taken = || async move {
+        for url in urls {
+            for key in ["tenant", "bucket"] {
+                let seen = remaining(client, url, key, "late").await;
+                if seen != left {
+                    return Err(format!("{url} {key}: {seen} left"));
+                }
+            }
+        }
+        Ok(())
+    };
+    // At once on a shared Redis; on the hybrid store once the syncs carry it.
+    eventually("every instance sees the reservation taken", taken).await;
+
+    until_redis_time(port, end).await;
+    for url in &urls[1..] {
+        let settle = json!({"reservation": id, "used": 0});
+        let (status, r) = post(client, url, "/v1/settle", &settle).await;
+        assert_eq!(status, 410, "{url}: {r}");
+        // A refund would show at once on the settling instance, on every store.
+        for key in ["tenant", "bucket"] {
+            assert_eq!(
+                remaining(client, url, key, "late").await,
+                left,
+                "{url} {key}"
+            );
+        }
+    }
+    taken().await.unwrap();
 }
 
-async fn shared_budget(store: &str) {
+async fn shared_budget(store: &str, port: u16) {
     let (rules, _dir) = rules_file("rules.yaml", RULES);
     let prefix = unique_prefix();
     let (_instances, urls) = three(&rules, store, &prefix);
@@ -159,18 +161,20 @@ async fn shared_budget(store: &str) {
             "{key}"
         );
     }
+
+    expires_unsettled(&client, &urls, port).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_redis_share_reservations() {
     let redis = RedisServer::start();
-    shared_budget(&redis.url()).await;
+    shared_budget(&redis.url(), redis.port).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_a_cluster_share_reservations() {
     let cluster = RedisCluster::start();
-    shared_budget(&cluster.url()).await;
+    shared_budget(&cluster.url(), cluster.nodes[0].port).await;
 }
 
 /// The hybrid store decides each reservation on the instance that receives it, within that
@@ -250,4 +254,6 @@ async fn three_instances_on_a_hybrid_store_share_reservations() {
             );
         }
     }
+
+    expires_unsettled(&client, &urls, redis.port).await;
 }

@@ -72,6 +72,7 @@ async fn a_refused_reservation_is_ok_and_a_settle_gives_back_what_was_not_used()
     let r = reserved(&mut c, reserve("acme", 60)).await;
     assert!(r.allowed, "{r:?}");
     assert!(r.reservation.starts_with("rsv_"), "{r:?}");
+    assert!(!r.admitted_without_store, "the store took it: {r:?}");
     assert_eq!(r.amount, 60);
     assert_eq!(r.ttl, Some(secs(300)), "the default ttl");
     let limit = &r.statuses[0].limits[0];
@@ -253,6 +254,9 @@ async fn the_hybrid_store_holds_reservations() {
     options.grpc_addr = "127.0.0.1:0".parse().unwrap();
     options.store = format!("hybrid+{}", shared_server().url());
     options.store_settings.prefix = unique_prefix();
+    // Not the default 50 ms: on a loaded machine a Redis call can take longer, and the rule's
+    // `on_store_error` would then admit the reservation without a record (or a settle fail).
+    options.store_settings.timeout = Duration::from_secs(5);
     let server = Server::start(options).await.unwrap();
     let mut c = ReservationsClient::connect(format!("http://{}", server.grpc_addr()))
         .await
