@@ -147,16 +147,7 @@ impl Masters {
     async fn refresh(&self) -> RedisResult<()> {
         let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.refreshed_at.store(now, Ordering::Release);
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("SLOTS");
-        let answer = tokio::time::timeout(
-            self.options.connect_timeout,
-            self.cluster
-                .clone()
-                .route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random)),
-        )
-        .await
-        .unwrap_or_else(|_| Err(timed_out()));
+        let answer = self.read_slots().await;
         let result = answer.map(|value| {
             let old = self.map();
             let map = SlotMap::parse(value, &old, &self.options);
@@ -167,6 +158,38 @@ impl Masters {
         });
         self.refreshing.store(false, Ordering::Release);
         result
+    }
+
+    /// `CLUSTER SLOTS`, asked first of the masters in the map whose breaker is closed, in turn,
+    /// then of any node the `redis` crate picks. After a failover the healthy masters know the
+    /// promoted replica at once (they voted for it), where a node picked at random may be the dead
+    /// master itself, whose call waits for the connect timeout, or a replica not told yet; either
+    /// left the keys of the promoted replica failing until a later read.
+    async fn read_slots(&self) -> RedisResult<Value> {
+        let map = self.map();
+        let deadline = tokio::time::Instant::now() + self.options.connect_timeout;
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        for master in &map.masters {
+            if master.breaker.state() != BreakerState::Closed {
+                continue;
+            }
+            let asked = async {
+                let mut conn = self.connection(master).await?;
+                cmd.query_async::<Value>(&mut conn).await
+            };
+            if let Ok(Ok(value)) = tokio::time::timeout_at(deadline, asked).await {
+                return Ok(value);
+            }
+        }
+        tokio::time::timeout_at(
+            deadline,
+            self.cluster
+                .clone()
+                .route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random)),
+        )
+        .await
+        .unwrap_or_else(|_| Err(timed_out()))
     }
 
     /// Opens the connection of `master`, or returns it if it is open.
