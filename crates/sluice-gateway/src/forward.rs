@@ -22,7 +22,8 @@ use sluice_http::PeerAddr;
 use sluice_http::client_ip::{X_FORWARDED_FOR, push_ip};
 use tower_service::Service;
 
-use crate::upstream_pool::{UpstreamBody, UpstreamError, UpstreamPool};
+use crate::upstream_body::UpstreamBody;
+use crate::upstream_pool::{UpstreamError, UpstreamPool};
 use crate::{GatewayError, GatewayOptions};
 
 /// The body the gateway answers with: the upstream's, streamed, or one of its own.
