@@ -299,13 +299,22 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHea
         Framing::Empty
     } else {
         match (chunked, length) {
-            (Some(true), length) => {
-                // Both framings at once (RFC 9112 §6.3): the chunks win, and the connection
-                // is not trusted with another exchange.
-                close |= length.is_some();
-                Framing::Chunked
+            (Some(chunked), length) => {
+                // Both framings at once (RFC 9112 §6.3): the transfer coding wins, the length
+                // is not passed on as if it were the body's, and the connection is not trusted
+                // with another exchange.
+                if length.is_some() {
+                    headers.remove(CONTENT_LENGTH);
+                    close = true;
+                }
+                if chunked {
+                    Framing::Chunked
+                } else {
+                    close = true;
+                    Framing::Close
+                }
             }
-            (Some(false), _) | (None, None) => {
+            (None, None) => {
                 close = true;
                 Framing::Close
             }
@@ -450,6 +459,15 @@ mod tests {
 
     #[test]
     fn a_partial_head_waits_and_a_broken_one_is_refused() {
+        let (both, _) = parse(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            false,
+        );
+        assert!(
+            !both.headers.contains_key(CONTENT_LENGTH),
+            "the length is not the body's"
+        );
+
         let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Le"[..]);
         assert!(parse_head(&mut partial, false).unwrap().is_none());
         assert_eq!(partial.len(), 27, "nothing taken");
