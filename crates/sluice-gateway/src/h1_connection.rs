@@ -211,21 +211,31 @@ fn write_head(out: &mut Vec<u8>, parts: &request::Parts, body: Option<&Bytes>) {
     }
 }
 
-/// Where one field's name and value lie in the head.
-#[derive(Clone, Copy)]
+/// Where one field's name and value lie in the head, as offsets and lengths. Small, so that the
+/// array of them is cleared with a few vector stores rather than a string instruction.
+#[derive(Clone, Copy, Default)]
 struct FieldAt {
-    name: (usize, usize),
-    value: (usize, usize),
+    name: u32,
+    name_len: u32,
+    value: u32,
+    value_len: u32,
+}
+
+impl FieldAt {
+    fn name(self) -> std::ops::Range<usize> {
+        self.name as usize..(self.name + self.name_len) as usize
+    }
+
+    fn value(self) -> std::ops::Range<usize> {
+        self.value as usize..(self.value + self.value_len) as usize
+    }
 }
 
 /// Parses an answer head from the front of `buf`, taking it off: `None` until it is whole. The
 /// fields' values share the head's bytes rather than copy them.
 fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHead>, io::Error> {
     let mut storage = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
-    let mut at = [FieldAt {
-        name: (0, 0),
-        value: (0, 0),
-    }; MAX_FIELDS];
+    let mut at = [FieldAt::default(); MAX_FIELDS];
     let base = buf.as_ptr() as usize;
     let (len, code, minor, count) = {
         let mut answer = httparse::Response::new(&mut []);
@@ -235,12 +245,15 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHea
         let httparse::Status::Complete(len) = status else {
             return Ok(None);
         };
+        // The head is far shorter than 4 GiB: it is read only up to `MAX_HEAD` and one more
+        // read.
+        let offset = |p: *const u8| (p as usize - base) as u32;
         for (field, at) in answer.headers.iter().zip(at.iter_mut()) {
-            let name = field.name.as_ptr() as usize - base;
-            let value = field.value.as_ptr() as usize - base;
             *at = FieldAt {
-                name: (name, name + field.name.len()),
-                value: (value, value + field.value.len()),
+                name: offset(field.name.as_ptr()),
+                name_len: field.name.len() as u32,
+                value: offset(field.value.as_ptr()),
+                value_len: field.value.len() as u32,
             };
         }
         (
@@ -256,14 +269,16 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHea
         // The gateway never asks to upgrade.
         return Err(invalid("the upstream switched protocols unasked"));
     }
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for the fields the gateway adds to an answer (the limits' `RateLimit` fields), so
+    // that adding them does not grow the map.
+    let mut headers = HeaderMap::with_capacity(count + 4);
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = minor == 0;
     for at in &at[..count] {
-        let name = HeaderName::from_bytes(&head[at.name.0..at.name.1])
+        let name = HeaderName::from_bytes(&head[at.name()])
             .map_err(|_| invalid("a field name is not valid"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(at.value.0..at.value.1))
+        let value = HeaderValue::from_maybe_shared(head.slice(at.value()))
             .map_err(|_| invalid("a field value is not valid"))?;
         if name == CONTENT_LENGTH {
             let n = content_length(value.as_bytes())?;
