@@ -8,8 +8,9 @@
 //!
 //! Two clients share this: the gateway's own HTTP/1.1 client ([`H1Connection`]), which writes
 //! the request and reads the answer on the request's task, carries every request whose body is
-//! already whole (none, or the bytes read for a reservation's estimate); hyper's carries the
-//! rest — a body that streams from the client, `Expect: 100-continue`, `CONNECT` — and h2. With
+//! whole or short (none, the bytes read for a reservation's estimate, or a `Content-Length` of at
+//! most 64 KiB, read first); hyper's carries the rest — a longer or chunked body that streams
+//! from the client, `Expect: 100-continue`, `CONNECT` — and h2. With
 //! `upstream_h2`, one h2 connection carries every request, and a new one replaces it when it
 //! closes.
 //!
@@ -31,7 +32,8 @@ use bytes::Bytes;
 use http::header::EXPECT;
 use http::{Method, Request, Response, request};
 use http_body::Body;
-use http_body_util::Either;
+use http_body_util::{BodyExt, Either};
+use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
@@ -148,9 +150,18 @@ impl UpstreamPool {
             return self.send_h2(request).await;
         }
         let (parts, body) = request.into_parts();
-        match whole_body(&parts, body) {
-            Ok(body) => self.send_h1(parts, body).await,
-            Err(body) => self.send_hyper(Request::from_parts(parts, body)).await,
+        match carried(&parts, body) {
+            Carried::Whole(body) => self.send_h1(parts, body).await,
+            Carried::Short(body) => {
+                // A client that fails to send the body it announced leaves nothing to forward.
+                let body = body
+                    .collect()
+                    .await
+                    .map_err(|e| UpstreamError::Exchange(std::io::Error::other(e)))?
+                    .to_bytes();
+                self.send_h1(parts, Some(body)).await
+            }
+            Carried::Hyper(body) => self.send_hyper(Request::from_parts(parts, body)).await,
         }
     }
 
@@ -319,25 +330,48 @@ fn exchange(e: hyper::Error) -> UpstreamError {
     UpstreamError::Exchange(std::io::Error::other(e))
 }
 
-/// The request's body when the gateway's own client can carry the request: `None` for a
-/// request without one, the bytes for one read whole to find a reservation's estimate.
-/// Otherwise the body back, for hyper's client: one that streams from the client (written
-/// while the answer may already come), or a request that waits on an interim answer
-/// (`Expect: 100-continue`) or turns into a tunnel (`CONNECT`).
-fn whole_body(parts: &request::Parts, body: RequestBody) -> Result<Option<Bytes>, RequestBody> {
+/// The largest request body, framed by `Content-Length`, that is read whole before it is
+/// forwarded, so that the request goes on the gateway's own client: an API's JSON body, not an
+/// upload. nginx buffers every request body by default (`proxy_request_buffering on`).
+const MAX_WHOLE_BODY: u64 = 64 * 1024;
+
+/// Who carries a request, by its body.
+enum Carried {
+    /// The gateway's own client, with no body (`None`) or this whole one.
+    Whole(Option<Bytes>),
+    /// The gateway's own client, once this short body has been read.
+    Short(Incoming),
+    /// hyper's client.
+    Hyper(RequestBody),
+}
+
+/// Who carries the request. The gateway's own client: a request without a body, one whose
+/// bytes were read to find a reservation's estimate, or one with a `Content-Length` of at most
+/// [`MAX_WHOLE_BODY`]. hyper's: a body that streams from the client (written while the answer
+/// may already come), or a request that waits on an interim answer (`Expect: 100-continue`)
+/// or turns into a tunnel (`CONNECT`).
+fn carried(parts: &request::Parts, body: RequestBody) -> Carried {
     if parts.method == Method::CONNECT || parts.headers.contains_key(EXPECT) {
-        return Err(body);
+        return Carried::Hyper(body);
     }
     match body {
-        Either::Left(incoming) if incoming.is_end_stream() => Ok(None),
+        Either::Left(incoming) if incoming.is_end_stream() => Carried::Whole(None),
+        Either::Left(incoming)
+            if incoming
+                .size_hint()
+                .exact()
+                .is_some_and(|n| n <= MAX_WHOLE_BODY) =>
+        {
+            Carried::Short(incoming)
+        }
         Either::Right(mut whole) => {
             // `Full` has its one frame ready.
             let mut cx = Context::from_waker(Waker::noop());
-            match Pin::new(&mut whole).poll_frame(&mut cx) {
-                Poll::Ready(Some(Ok(frame))) => Ok(Some(frame.into_data().unwrap_or_default())),
-                _ => Ok(Some(Bytes::new())),
-            }
+            Carried::Whole(Some(match Pin::new(&mut whole).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
+                _ => Bytes::new(),
+            }))
         }
-        streamed => Err(streamed),
+        streamed => Carried::Hyper(streamed),
     }
 }

@@ -98,14 +98,29 @@ async fn serve(
             .lines()
             .find_map(|l| l.strip_prefix("content-length: "))
             .map_or(0, |n| n.trim().parse().unwrap());
-        while buf.len() < end + length {
+        // A chunked body is read to its last chunk (the tests send no trailers).
+        let chunked = head.contains("transfer-encoding: chunked");
+        let body_end = |buf: &[u8]| {
+            if chunked {
+                buf[end..]
+                    .windows(5)
+                    .position(|w| w == b"0\r\n\r\n")
+                    .map(|at| end + at + 5)
+            } else {
+                (buf.len() >= end + length).then_some(end + length)
+            }
+        };
+        let body_end = loop {
+            if let Some(at) = body_end(&buf) {
+                break at;
+            }
             let mut chunk = [0u8; 4096];
             match stream.read(&mut chunk).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
-        }
-        buf.drain(..end + length);
+        };
+        buf.drain(..body_end);
         heads.lock().unwrap().push(head);
         let act = script
             .lock()
@@ -352,4 +367,49 @@ async fn a_cut_or_invalid_answer_fails_without_reuse() {
 
     assert_eq!(gw.get("/fine").await.text().await.unwrap(), "ok");
     assert_eq!(up.accepted(), 3);
+}
+
+#[tokio::test]
+async fn a_short_request_body_goes_on_the_kept_connection_framed_by_its_length() {
+    let ok = || answer("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    let up = Scripted::start(vec![ok(), ok(), ok()]).await;
+    let gw = Gateway::start(up.addr).await;
+    assert_eq!(gw.get("/first").await.text().await.unwrap(), "ok");
+    let r = gw
+        .client
+        .post(gw.url("/json"))
+        .header("content-type", "application/json")
+        .body(r#"{"a":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "ok");
+    // A body of unknown length streams through hyper's client, on a connection of its own.
+    let stream =
+        futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"abc"))]);
+    let r = gw
+        .client
+        .post(gw.url("/upload"))
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "ok");
+    assert_eq!(
+        up.accepted(),
+        2,
+        "the short body shared the kept connection; the stream had its own"
+    );
+    let heads = up.heads();
+    assert!(
+        heads[1].starts_with("POST /json HTTP/1.1\r\n")
+            && heads[1].contains("content-length: 7\r\n"),
+        "{}",
+        heads[1]
+    );
+    assert!(
+        heads[2].contains("transfer-encoding: chunked\r\n"),
+        "{}",
+        heads[2]
+    );
 }
