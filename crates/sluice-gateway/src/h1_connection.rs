@@ -7,7 +7,7 @@
 //! hyper instead): a request whose body is already whole, and answers framed by length, chunks,
 //! or the connection's end (RFC 9112 §6.3).
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
@@ -18,6 +18,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, request};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 use crate::answer_framing::Framing;
 
@@ -39,6 +40,11 @@ pub(crate) struct H1Connection {
     pub(crate) buf: BytesMut,
     /// The request head being written, kept for the next request's.
     out: Vec<u8>,
+    /// The upstream timeout of the exchange under way. One timer for the connection's life,
+    /// moved to each exchange's deadline: moving a registered timer later is one atomic
+    /// operation, where a timer per request is registered in the runtime's wheel and removed
+    /// again each time.
+    timer: Pin<Box<Sleep>>,
 }
 
 /// How an exchange failed, and so whether it may be tried again on another connection.
@@ -50,6 +56,8 @@ pub(crate) struct ExchangeError {
     pub(crate) unsent: bool,
     /// The request was written, and the connection ended before any byte of an answer.
     pub(crate) unanswered: bool,
+    /// The deadline passed before the answer's head was read.
+    pub(crate) timed_out: bool,
 }
 
 impl ExchangeError {
@@ -58,6 +66,21 @@ impl ExchangeError {
             error,
             unsent: false,
             unanswered: false,
+            timed_out: false,
+        }
+    }
+
+    fn unanswered(error: io::Error, unanswered: bool) -> Self {
+        ExchangeError {
+            unanswered,
+            ..ExchangeError::other(error)
+        }
+    }
+
+    fn unsent(error: io::Error, unsent: bool) -> Self {
+        ExchangeError {
+            unsent,
+            ..ExchangeError::other(error)
         }
     }
 }
@@ -74,11 +97,12 @@ pub(crate) struct AnswerHead {
 }
 
 impl H1Connection {
-    pub(crate) fn new(stream: TcpStream) -> Self {
+    pub(crate) fn new(stream: TcpStream, deadline: Instant) -> Self {
         H1Connection {
             stream,
             buf: BytesMut::new(),
             out: Vec::new(),
+            timer: Box::pin(tokio::time::sleep_until(deadline)),
         }
     }
 
@@ -90,98 +114,118 @@ impl H1Connection {
         !self.buf.is_empty() || self.stream.poll_read_ready(&mut cx).is_ready()
     }
 
-    /// Writes the request and reads the head of its answer, past any interim (1xx) answers.
-    /// `body` is the whole request body, or `None` when the request has none (its fields,
-    /// `Content-Length` included, go as they are).
+    /// Writes the request and reads the head of its answer, past any interim (1xx) answers,
+    /// by `deadline`. `body` is the whole request body, or `None` when the request has none
+    /// (its fields, `Content-Length` included, go as they are).
     pub(crate) async fn exchange(
         &mut self,
         parts: &request::Parts,
         body: Option<&Bytes>,
+        deadline: Instant,
     ) -> Result<AnswerHead, ExchangeError> {
-        self.out.clear();
-        write_head(&mut self.out, parts, body);
-        self.write_out().await?;
-        let mut answered = false;
-        loop {
-            if !self.buf.is_empty() {
-                answered = true;
-                match parse_head(&mut self.buf, parts.method == Method::HEAD) {
-                    Ok(Some(head)) if head.status.is_informational() => continue,
-                    Ok(Some(head)) => return Ok(head),
-                    Ok(None) if self.buf.len() >= MAX_HEAD => {
-                        return Err(ExchangeError::other(invalid(
-                            "the answer's head is too long",
-                        )));
-                    }
-                    Ok(None) => {}
-                    Err(e) => return Err(ExchangeError::other(e)),
-                }
+        let H1Connection {
+            stream,
+            buf,
+            out,
+            timer,
+        } = self;
+        timer.as_mut().reset(deadline);
+        let mut exchange = std::pin::pin!(unbounded(stream, buf, out, parts, body));
+        poll_fn(|cx| {
+            if let Poll::Ready(done) = exchange.as_mut().poll(cx) {
+                return Poll::Ready(done);
             }
-            match poll_fn(|cx| self.poll_read(cx)).await {
-                Ok(0) => {
-                    return Err(ExchangeError {
-                        error: io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the upstream closed the connection before answering",
-                        ),
-                        unsent: false,
-                        unanswered: !answered,
-                    });
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    return Err(ExchangeError {
-                        error,
-                        unsent: false,
-                        unanswered: !answered,
-                    });
-                }
-            }
-        }
-    }
-
-    /// Writes the request head (and body) in `out`, in one system call when the socket takes
-    /// it, as it usually does.
-    async fn write_out(&mut self) -> Result<(), ExchangeError> {
-        let mut written = 0;
-        while written < self.out.len() {
-            let rest = &self.out[written..];
-            let stream = &mut self.stream;
-            match poll_fn(|cx| Pin::new(&mut *stream).poll_write(cx, rest)).await {
-                Ok(0) => {
-                    return Err(ExchangeError {
-                        error: io::ErrorKind::WriteZero.into(),
-                        unsent: written == 0,
-                        unanswered: false,
-                    });
-                }
-                Ok(n) => written += n,
-                Err(error) => {
-                    return Err(ExchangeError {
-                        error,
-                        unsent: written == 0,
-                        unanswered: false,
-                    });
-                }
-            }
-        }
-        Ok(())
+            ready!(timer.as_mut().poll(cx));
+            Poll::Ready(Err(ExchangeError {
+                timed_out: true,
+                ..ExchangeError::other(io::ErrorKind::TimedOut.into())
+            }))
+        })
+        .await
     }
 
     /// Reads what the socket has into the buffer: how many bytes, 0 at the connection's end.
-    /// A read that leaves room in the buffer tells the runtime the socket is drained, so
-    /// [`is_stale`](Self::is_stale) sees only what arrives after it.
     pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.buf.capacity() - self.buf.len() < READ_SIZE / 4 {
-            self.buf.reserve(READ_SIZE);
-        }
-        let n = ready!(tokio_util::io::poll_read_buf(
-            Pin::new(&mut self.stream),
-            cx,
-            &mut self.buf
-        ))?;
-        Poll::Ready(Ok(n))
+        poll_read(&mut self.stream, &mut self.buf, cx)
     }
+}
+
+/// [`H1Connection::exchange`] without its deadline.
+async fn unbounded(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    out: &mut Vec<u8>,
+    parts: &request::Parts,
+    body: Option<&Bytes>,
+) -> Result<AnswerHead, ExchangeError> {
+    out.clear();
+    write_head(out, parts, body);
+    write_out(stream, out).await?;
+    let mut answered = false;
+    loop {
+        if !buf.is_empty() {
+            answered = true;
+            match parse_head(buf, parts.method == Method::HEAD) {
+                Ok(Some(head)) if head.status.is_informational() => continue,
+                Ok(Some(head)) => return Ok(head),
+                Ok(None) if buf.len() >= MAX_HEAD => {
+                    return Err(ExchangeError::other(invalid(
+                        "the answer's head is too long",
+                    )));
+                }
+                Ok(None) => {}
+                Err(e) => return Err(ExchangeError::other(e)),
+            }
+        }
+        match poll_fn(|cx| poll_read(stream, buf, cx)).await {
+            Ok(0) => {
+                return Err(ExchangeError::unanswered(
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the upstream closed the connection before answering",
+                    ),
+                    !answered,
+                ));
+            }
+            Ok(_) => {}
+            Err(error) => return Err(ExchangeError::unanswered(error, !answered)),
+        }
+    }
+}
+
+/// Writes the request head (and body) in `out`, in one system call when the socket takes it,
+/// as it usually does.
+async fn write_out(stream: &mut TcpStream, out: &[u8]) -> Result<(), ExchangeError> {
+    let mut written = 0;
+    while written < out.len() {
+        let rest = &out[written..];
+        match poll_fn(|cx| Pin::new(&mut *stream).poll_write(cx, rest)).await {
+            Ok(0) => {
+                return Err(ExchangeError::unsent(
+                    io::ErrorKind::WriteZero.into(),
+                    written == 0,
+                ));
+            }
+            Ok(n) => written += n,
+            Err(error) => return Err(ExchangeError::unsent(error, written == 0)),
+        }
+    }
+    Ok(())
+}
+
+/// Reads what `stream` has into `buf`: how many bytes, 0 at the connection's end. A read that
+/// leaves room in the buffer tells the runtime the socket is drained, so
+/// [`H1Connection::is_stale`] sees only what arrives after it.
+fn poll_read(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < READ_SIZE / 4 {
+        buf.reserve(READ_SIZE);
+    }
+    let n = ready!(tokio_util::io::poll_read_buf(Pin::new(stream), cx, buf))?;
+    Poll::Ready(Ok(n))
 }
 
 /// The request head, HTTP/1.1 in origin form, and the body when there is one.

@@ -23,10 +23,11 @@
 //! an answer. A POST whose connection ends unanswered gets `502`: the upstream may have done it.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::EXPECT;
@@ -37,6 +38,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::answer_framing::Decoder;
 use crate::forward::RequestBody;
@@ -58,6 +60,8 @@ pub(crate) enum UpstreamError {
     Connect(std::io::Error),
     /// The connection failed while the request was sent or its answer read.
     Exchange(std::io::Error),
+    /// The answer's head did not come by the deadline.
+    TimedOut,
 }
 
 impl std::fmt::Display for UpstreamError {
@@ -65,6 +69,7 @@ impl std::fmt::Display for UpstreamError {
         match self {
             UpstreamError::Connect(e) => write!(f, "cannot connect: {e}"),
             UpstreamError::Exchange(e) => write!(f, "{e}"),
+            UpstreamError::TimedOut => write!(f, "no answer in time"),
         }
     }
 }
@@ -140,28 +145,35 @@ impl UpstreamPool {
         }
     }
 
-    /// Sends `request` and returns the answer's head; its body streams from the upstream.
-    /// HTTP/1.1 wants an origin-form target and a `Host` field, h2 an absolute URI.
+    /// Sends `request` and returns the answer's head, which must come within `timeout`; its
+    /// body streams from the upstream. HTTP/1.1 wants an origin-form target and a `Host`
+    /// field, h2 an absolute URI.
     pub(crate) async fn send(
         self: &Arc<Self>,
         request: Request<RequestBody>,
+        timeout: Duration,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let deadline = Instant::now() + timeout;
         if self.h2 {
-            return self.send_h2(request).await;
+            return within(deadline, self.send_h2(request)).await;
         }
         let (parts, body) = request.into_parts();
         match carried(&parts, body) {
-            Carried::Whole(body) => self.send_h1(parts, body).await,
+            Carried::Whole(body) => self.send_h1(parts, body, deadline).await,
             Carried::Short(body) => {
                 // A client that fails to send the body it announced leaves nothing to forward.
-                let body = body
-                    .collect()
-                    .await
-                    .map_err(|e| UpstreamError::Exchange(std::io::Error::other(e)))?
-                    .to_bytes();
-                self.send_h1(parts, Some(body)).await
+                let read = async {
+                    body.collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .map_err(|e| UpstreamError::Exchange(std::io::Error::other(e)))
+                };
+                let body = within(deadline, read).await?;
+                self.send_h1(parts, Some(body), deadline).await
             }
-            Carried::Hyper(body) => self.send_hyper(Request::from_parts(parts, body)).await,
+            Carried::Hyper(body) => {
+                within(deadline, self.send_hyper(Request::from_parts(parts, body))).await
+            }
         }
     }
 
@@ -172,24 +184,33 @@ impl UpstreamPool {
         self: &Arc<Self>,
         parts: request::Parts,
         body: Option<Bytes>,
+        deadline: Instant,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let (mut connection, reused) = match self.h1.take(|c| !c.is_stale()) {
             Some(connection) => (connection, true),
-            None => (H1Connection::new(self.connect().await?), false),
+            None => (self.connect_h1(deadline).await?, false),
         };
-        let head = match connection.exchange(&parts, body.as_ref()).await {
+        let head = match connection.exchange(&parts, body.as_ref(), deadline).await {
             Ok(head) => head,
+            Err(e) if e.timed_out => return Err(UpstreamError::TimedOut),
             Err(e) if reused && (e.unsent || (e.unanswered && parts.method.is_idempotent())) => {
                 tracing::debug!(error = %e.error, "a kept-alive upstream connection had closed; sending again");
-                connection = H1Connection::new(self.connect().await?);
-                connection
-                    .exchange(&parts, body.as_ref())
-                    .await
-                    .map_err(|e| UpstreamError::Exchange(e.error))?
+                connection = self.connect_h1(deadline).await?;
+                match connection.exchange(&parts, body.as_ref(), deadline).await {
+                    Ok(head) => head,
+                    Err(e) if e.timed_out => return Err(UpstreamError::TimedOut),
+                    Err(e) => return Err(UpstreamError::Exchange(e.error)),
+                }
             }
             Err(e) => return Err(UpstreamError::Exchange(e.error)),
         };
         Ok(self.answer(connection, head))
+    }
+
+    /// A new connection for the gateway's own client, made by `deadline`.
+    async fn connect_h1(&self, deadline: Instant) -> Result<H1Connection, UpstreamError> {
+        let stream = within(deadline, self.connect()).await?;
+        Ok(H1Connection::new(stream, deadline))
     }
 
     /// The answer on `connection`: a body read whole with the head frees the connection at
@@ -324,6 +345,16 @@ impl UpstreamPool {
         stream.set_nodelay(true).map_err(UpstreamError::Connect)?;
         Ok(stream)
     }
+}
+
+/// `work`, or [`UpstreamError::TimedOut`] if it has not finished by `deadline`.
+async fn within<T>(
+    deadline: Instant,
+    work: impl Future<Output = Result<T, UpstreamError>>,
+) -> Result<T, UpstreamError> {
+    tokio::time::timeout_at(deadline, work)
+        .await
+        .unwrap_or(Err(UpstreamError::TimedOut))
 }
 
 fn exchange(e: hyper::Error) -> UpstreamError {

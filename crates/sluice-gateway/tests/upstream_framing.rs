@@ -31,6 +31,8 @@ enum Act {
     AnswerAndClose(Vec<u8>),
     /// Closes the connection without answering.
     Close,
+    /// Never answers; waits for the gateway to close the connection.
+    Silent,
 }
 
 fn answer(wire: &str) -> Act {
@@ -138,6 +140,10 @@ async fn serve(
                 return;
             }
             Act::Close => return,
+            Act::Silent => {
+                let _ = stream.read(&mut [0u8; 1]).await;
+                return;
+            }
         }
     }
 }
@@ -150,10 +156,15 @@ struct Gateway {
 
 impl Gateway {
     async fn start(upstream: SocketAddr) -> Gateway {
+        Gateway::start_with(upstream, |_| {}).await
+    }
+
+    async fn start_with(upstream: SocketAddr, tune: impl FnOnce(&mut GatewayOptions)) -> Gateway {
         let (limiter, _clock, dir) = limiter(RULES);
         let mut options =
             GatewayOptions::new(Vec::new(), format!("http://{upstream}").parse().unwrap());
         options.listen = "127.0.0.1:0".parse().unwrap();
+        tune(&mut options);
         let proxy = sluice_gateway::Gateway::start_with_limiter(options, limiter)
             .await
             .unwrap();
@@ -412,4 +423,25 @@ async fn a_short_request_body_goes_on_the_kept_connection_framed_by_its_length()
         "{}",
         heads[2]
     );
+}
+
+#[tokio::test]
+async fn a_kept_connection_times_out_like_a_new_one_and_is_not_reused() {
+    let ok = || answer("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    let up = Scripted::start(vec![ok(), ok(), Act::Silent, ok()]).await;
+    let gw = Gateway::start_with(up.addr, |o| {
+        o.upstream_timeout = std::time::Duration::from_millis(200);
+    })
+    .await;
+    // Two exchanges move the connection's timer on; the third, on the same connection, still
+    // runs out.
+    for path in ["/first", "/second"] {
+        assert_eq!(gw.get(path).await.text().await.unwrap(), "ok");
+    }
+    let r = gw.get("/silent").await;
+    assert_eq!(r.status(), 504);
+    assert!(r.text().await.unwrap().contains("did not answer in time"));
+    assert_eq!(up.accepted(), 1);
+    assert_eq!(gw.get("/after").await.text().await.unwrap(), "ok");
+    assert_eq!(up.accepted(), 2, "the connection that timed out was closed");
 }
