@@ -4,8 +4,8 @@
 //! where hyper's client spends most of its instructions for a small exchange.
 //!
 //! What it carries is the common case only (see [`crate::upstream_pool`] for what goes through
-//! hyper instead): a request whose body is already whole, and answers framed by length, chunks,
-//! or the connection's end (RFC 9112 §6.3).
+//! hyper instead): a request whose body is whole by the time it is sent (none, or bytes already
+//! read), and answers framed by length, chunks, or the connection's end (RFC 9112 §6.3).
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -31,6 +31,9 @@ const MAX_HEAD: usize = 64 * 1024;
 /// How much room each read is given: a small answer arrives whole in one read, and a large
 /// body streams in pieces of this size.
 const READ_SIZE: usize = 16 * 1024;
+
+/// The most room a connection keeps for writing request heads between exchanges.
+const KEEP_OUT: usize = 16 * 1024;
 
 /// A connection to the upstream and the bytes read from it not yet used.
 #[derive(Debug)]
@@ -161,6 +164,10 @@ async fn unbounded(
     out.clear();
     write_head(out, parts, body);
     write_out(stream, out).await?;
+    if out.capacity() > KEEP_OUT {
+        // A large body was written: an idle connection keeps no copy of its room.
+        *out = Vec::new();
+    }
     let mut answered = false;
     loop {
         if !buf.is_empty() {
