@@ -22,7 +22,8 @@ use sluice_http::PeerAddr;
 use sluice_http::client_ip::{X_FORWARDED_FOR, push_ip};
 use tower_service::Service;
 
-use crate::upstream_pool::{UpstreamBody, UpstreamError, UpstreamPool};
+use crate::upstream_body::UpstreamBody;
+use crate::upstream_pool::{UpstreamError, UpstreamPool};
 use crate::{GatewayError, GatewayOptions};
 
 /// The body the gateway answers with: the upstream's, streamed, or one of its own.
@@ -173,22 +174,22 @@ impl Target {
         if let Some(ip) = peer {
             append_forwarded_for(request.headers_mut(), ip);
         }
-        match tokio::time::timeout(self.timeout, self.pool.send(request)).await {
-            Ok(Ok(mut response)) => {
+        match self.pool.send(request, self.timeout).await {
+            Ok(mut response) => {
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response)
             }
-            Ok(Err(e @ UpstreamError::Connect(_))) => {
+            Err(e @ UpstreamError::Connect(_)) => {
                 tracing::warn!(error = %e, upstream = %self.authority, "upstream unreachable");
                 Err(Failure::Unreachable)
             }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, upstream = %self.authority, "upstream failed");
-                Err(Failure::Broken)
-            }
-            Err(_) => {
+            Err(UpstreamError::TimedOut) => {
                 tracing::warn!(upstream = %self.authority, timeout = ?self.timeout, "upstream timed out");
                 Err(Failure::TimedOut)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, upstream = %self.authority, "upstream failed");
+                Err(Failure::Broken)
             }
         }
     }

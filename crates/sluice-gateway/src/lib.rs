@@ -31,9 +31,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod answer_framing;
 mod budget;
 mod forward;
+mod h1_connection;
 mod metered;
+mod upstream_body;
 mod upstream_pool;
 
 use std::net::SocketAddr;
@@ -54,7 +57,7 @@ use sluice_stores::StoreSettings;
 pub use budget::{AnswerMeter, UsageBody};
 pub use forward::GatewayBody;
 pub use metered::{BudgetBody, MeteredBody};
-pub use upstream_pool::UpstreamBody;
+pub use upstream_body::UpstreamBody;
 
 /// How to run the gateway.
 #[derive(Debug, Clone)]

@@ -384,8 +384,17 @@ impl Peers {
         use axum::routing::get;
         let seen: Seen = Default::default();
         let record = seen.clone();
+        // Answers only when 8 requests are in at once: a burst that needs 8 connections.
+        let gather = std::sync::Arc::new(tokio::sync::Barrier::new(8));
         let app = axum::Router::new()
             .route("/ok", get(|| async { "ok" }))
+            .route(
+                "/gather",
+                get(move || async move {
+                    gather.wait().await;
+                    "ok"
+                }),
+            )
             .route(
                 "/close",
                 get(|| async { ([("connection", "close")], "closing") }),
@@ -434,14 +443,14 @@ async fn upstream_connections_are_kept_alive_and_reused() {
     }
     assert_eq!(up.connections(), 1, "one connection carried them all");
 
-    // A burst needs as many connections as it has requests at once; the next burst as large
-    // reuses them instead of opening more.
-    let burst = || futures_util::future::join_all((0..8).map(|_| gw.get("/ok")));
+    // A burst needs as many connections as it has requests at once (the upstream answers
+    // them only when all 8 are in); the next burst as large reuses them instead of opening more.
+    let burst = || futures_util::future::join_all((0..8).map(|_| gw.get("/gather")));
     for r in burst().await {
         assert_eq!(r.status(), 200);
     }
     let after_first = up.connections();
-    assert!((1..=9).contains(&after_first), "{after_first} connections");
+    assert_eq!(after_first, 8, "the idle one and 7 new");
     for r in burst().await {
         assert_eq!(r.status(), 200);
     }
