@@ -141,8 +141,10 @@ pub async fn serve_connections<S, B>(
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read)
+        // No header timer of hyper's: a kept-alive connection's later heads are bounded by its
+        // deadline loop (`connection_deadlines`), as its first is, with no timer armed and
+        // cancelled per request. hyper's would otherwise default to 30 s once given a timer.
+        .header_read_timeout(None)
         // An answer's head and its body in one buffer, written with one `write`: cheaper than
         // queueing them for `writev` (445 instructions per proxied request under callgrind)
         // while bodies are small, as a rate limiter's and most APIs' are; a large body costs
