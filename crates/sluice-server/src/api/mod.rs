@@ -9,6 +9,7 @@ mod reserve;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,6 +23,7 @@ use axum::routing::{get, post};
 use http_body_util::{BodyExt, Limited};
 use serde::de::DeserializeOwned;
 use sluice_http::admin::{self, AdminState};
+use sluice_http::PeerAddr;
 use sluice_http::problem::Problem;
 use sluice_limiter::limits::MAX_BODY;
 use sluice_limiter::{HeaderStyle, LimitRequest, Limiter, Verdict};
@@ -51,6 +53,10 @@ pub struct ApiService {
     /// Shared, so that a request's copy is one reference count, not the settings' strings.
     state: Arc<ApiState>,
     router: Router,
+    /// The connection's peer, when served by connection ([`for_peer`](Self::for_peer)): the
+    /// router's requests are given it as `PeerAddr`, which the admin endpoints read; the
+    /// decision endpoints never need it, and are spared the extension.
+    peer: Option<SocketAddr>,
 }
 
 impl ApiService {
@@ -59,6 +65,15 @@ impl ApiService {
         ApiService {
             router: router(state.clone()),
             state: Arc::new(state),
+            peer: None,
+        }
+    }
+
+    /// The service for one connection from `peer`, for `serve_connections_with`.
+    pub fn for_peer(&self, peer: SocketAddr) -> Self {
+        ApiService {
+            peer: Some(peer),
+            ..self.clone()
         }
     }
 }
@@ -85,7 +100,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
         if request.method() == Method::POST {
             let state = Arc::clone(&self.state);
             match request.uri().path() {
@@ -119,6 +134,9 @@ where
                 }
                 _ => {}
             }
+        }
+        if let Some(peer) = self.peer {
+            request.extensions_mut().insert(PeerAddr(peer));
         }
         Box::pin(tower_service::Service::call(&mut self.router, request))
     }
