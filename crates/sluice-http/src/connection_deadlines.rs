@@ -677,7 +677,11 @@ mod tests {
                 "{:?} held {held:?}",
                 String::from_utf8_lossy(sent)
             );
-            assert!(rest.is_empty(), "answered {:?}", String::from_utf8_lossy(&rest));
+            assert!(
+                rest.is_empty(),
+                "answered {:?}",
+                String::from_utf8_lossy(&rest)
+            );
         }
         service.shutdown().await;
     }
