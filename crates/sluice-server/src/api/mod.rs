@@ -22,8 +22,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, Limited};
 use serde::de::DeserializeOwned;
-use sluice_http::admin::{self, AdminState};
 use sluice_http::PeerAddr;
+use sluice_http::admin::{self, AdminState};
 use sluice_http::problem::Problem;
 use sluice_limiter::limits::MAX_BODY;
 use sluice_limiter::{HeaderStyle, LimitRequest, Limiter, Verdict};
@@ -236,6 +236,11 @@ async fn collect_body(body: impl ApiBody) -> Result<Bytes, Problem> {
                 joined = Some(all);
             }
             (Some(_), Some(all)) => all.extend_from_slice(&data),
+        }
+        // A body of known length that has arrived whole says so: not asking for a frame more
+        // spares hyper's body channel a poll (about 150 instructions of a `/json` answer).
+        if http_body::Body::is_end_stream(&*body) {
+            break;
         }
     }
     Ok(match (joined, first) {
