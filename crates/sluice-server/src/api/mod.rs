@@ -103,33 +103,31 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         if request.method() == Method::POST {
             let state = Arc::clone(&self.state);
+            // Each answer's future holds the body only: the request's head is dropped here, not
+            // carried into the future (which is moved into its box) and dropped from there.
             match request.uri().path() {
                 "/json" => {
+                    let body = request.into_body();
                     return Box::pin(async move {
-                        Ok(envoy_json::answer(&state, request.into_body())
-                            .await
-                            .into_response())
+                        Ok(envoy_json::answer(&state, body).await.into_response())
                     });
                 }
                 "/v1/check" => {
+                    let body = request.into_body();
                     return Box::pin(async move {
-                        Ok(check::answer(&state, request.into_body())
-                            .await
-                            .into_response())
+                        Ok(check::answer(&state, body).await.into_response())
                     });
                 }
                 "/v1/reserve" => {
+                    let body = request.into_body();
                     return Box::pin(async move {
-                        Ok(reserve::reserve(&state, request.into_body())
-                            .await
-                            .into_response())
+                        Ok(reserve::reserve(&state, body).await.into_response())
                     });
                 }
                 "/v1/settle" => {
+                    let body = request.into_body();
                     return Box::pin(async move {
-                        Ok(reserve::settle(&state, request.into_body())
-                            .await
-                            .into_response())
+                        Ok(reserve::settle(&state, body).await.into_response())
                     });
                 }
                 _ => {}
