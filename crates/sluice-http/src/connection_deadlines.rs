@@ -1,7 +1,8 @@
 //! The three deadlines a connection lives under besides its protocol's own: its first request
-//! head must be complete within [`ConnectionLimits::header_read`] of connecting, once no
-//! request has been in flight for [`ConnectionLimits::idle`] it is closed, and so it is once
-//! what it has to send has made no progress for [`ConnectionLimits::send`].
+//! head must be complete within [`ConnectionLimits::header_read`] of connecting (and an
+//! HTTP/1.1 connection's next one within as long of its last answer), once no request has been
+//! in flight for [`ConnectionLimits::idle`] it is closed, and so it is once what it has to send
+//! has made no progress for [`ConnectionLimits::send`].
 //!
 //! hyper enforces neither for every connection. Its HTTP/1.1 header timeout starts only once
 //! hyper reads a request, but the listener first reads a few bytes to tell HTTP/1.1 from the h2
@@ -17,6 +18,12 @@
 //! - gracefully (h2 `GOAWAY`, so a client that sends a request at the same moment knows it was
 //!   not served and can retry it), when nothing has been in flight for `idle`; a connection that
 //!   does not finish closing within `header_read` more is dropped;
+//! - gracefully too, when an HTTP/1.1 connection's next request head has not come within
+//!   `header_read` of its last answer (nothing sent, or a head begun and not finished: a
+//!   slowloris after a first request); hyper closes such a connection at once, unanswered. This
+//!   is the bound hyper's own HTTP/1.1 header timer kept, which the listeners no longer set:
+//!   that timer was armed and cancelled around every request, here the bound costs nothing
+//!   per request;
 //! - gracefully, when the listener stops: at once when answers are in flight (hyper's
 //!   HTTP/1.1 then answers with `Connection: close` and closes after the last) or the
 //!   connection speaks h2 (`GOAWAY`, which tells the client which of its streams were not
@@ -228,16 +235,33 @@ impl Activity {
                 Next::At(deadline.min(now + limits.idle))
             };
         }
+        let (wait, late) = Self::between_requests(s.h2.load(Ordering::Relaxed), limits);
         if s.in_flight.load(Ordering::Acquire) > 0 {
-            // Once the answers end, the connection is idle for `idle` at the earliest from then.
-            return Next::At(now + limits.idle);
+            // Once the answers end, the connection may wait `wait` at the most from then.
+            return Next::At(now + wait);
         }
         let idle_since = s.started + Duration::from_millis(s.idle_since_ms.load(Ordering::Acquire));
-        let deadline = idle_since + limits.idle;
+        let deadline = idle_since + wait;
         if now >= deadline {
-            Next::Close
+            late
         } else {
             Next::At(deadline)
+        }
+    }
+
+    /// How long a connection that has been served may go with nothing in flight, and what
+    /// ends it then. An h2 connection waits the idle timeout (a later request's header block
+    /// is bounded on its own, [`next_for_head`](Self::next_for_head)); an HTTP/1.1 one must
+    /// also send its next request head within `header_read` of the previous answer. hyper's
+    /// own header timer would bound that head, but it is set and cancelled around every
+    /// request (a boxed sleep and two turns of the timer wheel, about 1,450 instructions per
+    /// `/json` answer), where this bound costs nothing per request: the connection is looked
+    /// at again at the latest `header_read` after any answer may have ended.
+    fn between_requests(h2: bool, limits: &ConnectionLimits) -> (Duration, Next) {
+        if h2 || limits.idle <= limits.header_read {
+            (limits.idle, Next::Close)
+        } else {
+            (limits.header_read, Next::HeadOverdue)
         }
     }
 }
@@ -257,6 +281,10 @@ enum Next {
     Abandon,
     /// Idle too long: close it gracefully.
     Close,
+    /// An HTTP/1.1 connection whose next request head has not come within the header deadline
+    /// of its last answer: close it gracefully (hyper closes at once when no request is in
+    /// flight, a head begun and not finished included).
+    HeadOverdue,
     /// What it has to send made no progress for the send timeout: drop it.
     Stalled,
 }
@@ -435,8 +463,15 @@ where
                     );
                     return Ok(());
                 }
-                Next::Close => {
-                    tracing::debug!(idle = ?limits.idle, "idle connection closed");
+                next @ (Next::Close | Next::HeadOverdue) => {
+                    if matches!(next, Next::Close) {
+                        tracing::debug!(idle = ?limits.idle, "idle connection closed");
+                    } else {
+                        tracing::debug!(
+                            timeout = ?limits.header_read,
+                            "connection closed: no request head within the header timeout of the last answer"
+                        );
+                    }
                     connection.as_mut().graceful_shutdown();
                     let until = Instant::now() + limits.header_read;
                     closing = Some(Some(until));
@@ -595,6 +630,86 @@ mod tests {
                 String::from_utf8_lossy(sent)
             );
         }
+        service.shutdown().await;
+    }
+
+    /// Reads one answer of [`serving`]'s app (`up`) from `socket`, head and body.
+    async fn read_up(socket: &mut TcpStream) {
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"\r\n\r\nup") {
+            let mut byte = [0; 1];
+            socket.read_exact(&mut byte).await.unwrap();
+            answer.push(byte[0]);
+        }
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+    }
+
+    /// A kept-alive HTTP/1.1 connection must send its next request head within the header
+    /// timeout of its last answer, however long the idle timeout: one that sends nothing, and
+    /// one that begins a head and never finishes it (a slowloris after a first request), are
+    /// closed, unanswered, then.
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_alive_connection_whose_next_head_is_late_is_closed_at_the_header_timeout() {
+        let limits = ConnectionLimits {
+            header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(300),
+            ..ConnectionLimits::default()
+        };
+        let (service, addr) = serving(limits).await;
+        for sent in [&b""[..], b"GET / HTTP/1.1\r\nHost:"] {
+            let mut socket = TcpStream::connect(addr).await.unwrap();
+            // Well after connecting, so that only the answer's end can start the deadline.
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            socket
+                .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            read_up(&mut socket).await;
+            let answered = Instant::now();
+            socket.write_all(sent).await.unwrap();
+            let mut rest = Vec::new();
+            let read =
+                tokio::time::timeout(Duration::from_secs(3600), socket.read_to_end(&mut rest));
+            assert!(read.await.is_ok(), "still open after an hour");
+            let held = answered.elapsed();
+            assert!(
+                (Duration::from_secs(10)..Duration::from_secs(11)).contains(&held),
+                "{:?} held {held:?}",
+                String::from_utf8_lossy(sent)
+            );
+            assert!(
+                rest.is_empty(),
+                "answered {:?}",
+                String::from_utf8_lossy(&rest)
+            );
+        }
+        service.shutdown().await;
+    }
+
+    /// The header deadline of a kept-alive HTTP/1.1 connection counts from each answer: a
+    /// client that asks every 6 s is served for a minute, six header timeouts.
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_alive_connection_that_keeps_asking_is_served() {
+        let limits = ConnectionLimits {
+            header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(300),
+            ..ConnectionLimits::default()
+        };
+        let (service, addr) = serving(limits).await;
+        let mut socket = TcpStream::connect(addr).await.unwrap();
+        for _ in 0..10 {
+            socket
+                .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            read_up(&mut socket).await;
+            tokio::time::sleep(Duration::from_secs(6)).await;
+        }
+        socket
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        read_up(&mut socket).await;
         service.shutdown().await;
     }
 

@@ -35,7 +35,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::serve::{ConnectionLimits, HttpService, ResponseBody, serve_connections};
+use crate::serve::{
+    ConnectionLimits, HttpService, ResponseBody, serve_connections, serve_connections_with,
+};
 
 /// How often the dashboard's activity history takes a sample.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -149,6 +151,25 @@ impl Lifecycle {
         self.spawn(serve_connections(
             bound.listener,
             service,
+            stopped,
+            self.limits,
+        ));
+        bound.addr
+    }
+
+    /// Serves `bound` as [`serve`](Self::serve) does, each connection with the service
+    /// `for_peer` makes for its peer ([`serve_connections_with`]): its requests carry no
+    /// `PeerAddr`.
+    pub fn serve_with<F, S, B>(&mut self, bound: Bound, for_peer: F) -> SocketAddr
+    where
+        F: Fn(SocketAddr) -> S + Send + 'static,
+        S: HttpService<B>,
+        B: ResponseBody,
+    {
+        let stopped = self.stopped();
+        self.spawn(serve_connections_with(
+            bound.listener,
+            for_peer,
             stopped,
             self.limits,
         ));

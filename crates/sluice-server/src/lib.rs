@@ -203,7 +203,8 @@ impl Server {
             admin_token: options.admin_token.as_deref().map(Arc::from),
         };
         let stats = envoy_stats(&options, &limiter, &mut lifecycle);
-        let http_addr = lifecycle.serve(http, http_api(&options, &admin, stats.clone()));
+        let api = http_api(&options, &admin, stats.clone());
+        let http_addr = lifecycle.serve_with(http, move |peer| api.for_peer(peer));
         serve_debug(&options, &admin, &mut lifecycle).await?;
         serve_metrics(&options, &admin, stats.clone(), &mut lifecycle).await?;
         let grpc_addr = serve_grpc(&options, &limiter, stats, grpc, &mut lifecycle).await?;

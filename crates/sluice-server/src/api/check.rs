@@ -2,10 +2,10 @@
 //! status describes, and the headers a gateway would set. Unlike Envoy's `/json`, it keeps the
 //! true remainder of every limit, shadow ones included.
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use sluice_core::ReservationId;
 use sluice_http::problem::Problem;
 use sluice_limiter::Verdict;
@@ -183,18 +183,19 @@ fn headers_json(out: &mut Vec<u8>, headers: &[(HeaderName, HeaderValue)]) {
 }
 
 /// A JSON answer: `status`, `body`, and the rate-limit `headers` after the content type.
+/// Built as the response it is, with its one content type: axum's `(status, headers, body)`
+/// first gives the body its own (`application/octet-stream`) and then replaces it, two hash
+/// map insertions where one does (about 300 instructions of a `/json` answer).
 pub(super) fn json_answer(
     status: StatusCode,
     body: Vec<u8>,
     headers: Vec<(HeaderName, HeaderValue)>,
 ) -> Response {
-    let mut response = (
-        status,
-        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-        Bytes::from(body),
-    )
-        .into_response();
-    response.headers_mut().extend(headers);
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    let fields = response.headers_mut();
+    fields.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    fields.extend(headers);
     response
 }
 

@@ -3,12 +3,11 @@
 
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use sluice_http::problem::Problem;
 
+use super::check::json_answer;
 use super::{ApiBody, ApiState, decide};
 use crate::envoy::{Code, EnvoyUnit, RateLimitResponse, to_response};
 use crate::metadata::{dynamic_metadata, struct_json};
@@ -42,13 +41,7 @@ pub(super) async fn answer(state: &ApiState, body: impl ApiBody) -> Result<Respo
     } else {
         StatusCode::OK
     };
-    let body = Bytes::from(json_response(&response));
-    Ok((
-        status,
-        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-        body,
-    )
-        .into_response())
+    Ok(json_answer(status, json_response(&response), Vec::new()))
 }
 
 /// `response` in protobuf's JSON form, written out directly: the enum names and numbers need

@@ -77,18 +77,28 @@ fn needs_escaping(bytes: &[u8]) -> bool {
         .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
-/// `value`'s text (its `Display`) as a JSON string, written without a `String` in between.
+/// `value`'s text (its `Display`) as a JSON string, written without a `String` in between:
+/// straight into `out`, then looked at once and escaped only if it must be. A `Display`
+/// writes in many small pieces (a policy's description in a dozen or more), and escaping each
+/// on its way cost a `/v1/check` answer about 280 instructions more; escaping is byte by byte,
+/// so the whole escaped is the pieces escaped.
 pub(super) fn display(out: &mut Vec<u8>, value: &impl fmt::Display) {
-    struct Escaping<'a>(&'a mut Vec<u8>);
-    impl fmt::Write for Escaping<'_> {
+    struct Raw<'a>(&'a mut Vec<u8>);
+    impl fmt::Write for Raw<'_> {
         fn write_str(&mut self, s: &str) -> fmt::Result {
-            escaped(self.0, s);
+            self.0.extend_from_slice(s.as_bytes());
             Ok(())
         }
     }
     out.push(b'"');
+    let start = out.len();
     // Writing into a `Vec` cannot fail; a `Display` that fails leaves what it wrote.
-    let _ = fmt::write(&mut Escaping(out), format_args!("{value}"));
+    let _ = fmt::write(&mut Raw(out), format_args!("{value}"));
+    if needs_escaping(&out[start..]) {
+        let text = out.split_off(start);
+        // Written by `fmt` from `str`s, so it is UTF-8.
+        escaped(out, &String::from_utf8_lossy(&text));
+    }
     out.push(b'"');
 }
 
