@@ -192,6 +192,31 @@ pub async fn metric(client: &reqwest::Client, url: &str, name: &str) -> Option<f
         .ok()
 }
 
+/// The first limit of the first descriptor that `url`'s `POST /v1/check` answers for
+/// `request`, asked as a look: every descriptor's `cost` is set to 0, so nothing is consumed.
+/// Its `limit`, `remaining` and the rest, as the answer's JSON has them.
+pub async fn look(
+    client: &reqwest::Client,
+    url: &str,
+    mut request: serde_json::Value,
+) -> serde_json::Value {
+    if let Some(descriptors) = request["descriptors"].as_array_mut() {
+        for d in descriptors {
+            d["cost"] = serde_json::json!(0);
+        }
+    }
+    let mut answer: serde_json::Value = client
+        .post(format!("{url}/v1/check"))
+        .json(&request)
+        .send()
+        .await
+        .expect("the service answers")
+        .json()
+        .await
+        .expect("a JSON answer");
+    answer["descriptors"][0]["limits"][0].take()
+}
+
 pub fn header(r: &reqwest::Response, name: &str) -> Option<String> {
     r.headers()
         .get(name)

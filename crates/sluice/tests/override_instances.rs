@@ -37,18 +37,11 @@ fn start(rules: &Path, store: &str, prefix: &str) -> ServeProcess {
 /// The limit `url` enforces on `tenant`, by a look that consumes nothing.
 async fn limit(client: &reqwest::Client, url: &str, tenant: &str) -> u64 {
     let look = json!({"domain": "plans", "descriptors": [
-        {"entries": [{"key": "tenant", "value": tenant}], "cost": 0}
+        {"entries": [{"key": "tenant", "value": tenant}]}
     ]});
-    let r: Value = client
-        .post(format!("{url}/v1/check"))
-        .json(&look)
-        .send()
-        .await
+    sluice_testing::look(client, url, look).await["limit"]
+        .as_u64()
         .unwrap()
-        .json()
-        .await
-        .unwrap();
-    r["descriptors"][0]["limits"][0]["limit"].as_u64().unwrap()
 }
 
 async fn put(client: &reqwest::Client, url: &str, tenant: &str, body: Value) -> Value {

@@ -132,18 +132,8 @@ async fn admitted_in_one_window(instances: &[String], algorithm: &str, total: us
 }
 
 async fn remaining(instance: &str, descriptor: (&str, &str)) -> u64 {
-    let mut b = body(&[descriptor]);
-    b["descriptors"][0]["cost"] = json!(0);
-    let r: Value = sluice_testing::long_lived_client()
-        .post(format!("{instance}/v1/check"))
-        .json(&b)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    r["descriptors"][0]["limits"][0]["remaining"]
+    let client = sluice_testing::long_lived_client();
+    sluice_testing::look(&client, instance, body(&[descriptor])).await["remaining"]
         .as_u64()
         .unwrap()
 }

@@ -40,20 +40,10 @@ pub fn body(key: &str, value: &str) -> Value {
 /// What the counter of `key` = `value` has left (for a concurrency limit, its free slots), by a
 /// look that consumes nothing.
 pub async fn remaining(client: &reqwest::Client, url: &str, key: &str, value: &str) -> u64 {
-    let mut look = body(key, value);
-    look["descriptors"][0]["cost"] = json!(0);
-    let r: Value = client
-        .post(format!("{url}/v1/check"))
-        .json(&look)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    r["descriptors"][0]["limits"][0]["remaining"]
+    let limit = sluice_testing::look(client, url, body(key, value)).await;
+    limit["remaining"]
         .as_u64()
-        .unwrap_or_else(|| panic!("no remaining in {r}"))
+        .unwrap_or_else(|| panic!("no remaining in {limit}"))
 }
 
 /// `POST {url}{path}` with `body`: the status and the answer's JSON.
