@@ -180,8 +180,9 @@ async fn three_instances_on_a_cluster_share_reservations() {
 /// The hybrid store decides each reservation on the instance that receives it, within that
 /// instance's claim on the limit, so concurrent reservations over three instances never take
 /// more than the budget but may take less (a reservation beyond an instance's claim is refused
-/// until its next sync); each settled on another instance gives back what was not used to every
-/// instance once the syncs carry it, and a second settle anywhere is refused.
+/// until its next sync), and retried they take it exactly; each settled on another instance
+/// gives back what was not used to every instance once the syncs carry it, and a second settle
+/// anywhere is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_a_hybrid_store_share_reservations() {
     let redis = RedisServer::start();
@@ -201,14 +202,48 @@ async fn three_instances_on_a_hybrid_store_share_reservations() {
     }
 
     for key in ["tenant", "bucket"] {
-        let ids = reserve_from_all(&client, &urls, key).await;
-        let n = ids.len() as u64;
-        // Never beyond the budget; before any sync each instance has a sixth of it unreserved
-        // (half of an even split), 16 reservations of 10.
+        let mut ids = reserve_from_all(&client, &urls, key).await;
+        // Never beyond the budget. It may stop short of it: a reservation beyond an instance's
+        // claim is refused until a sync brings it more, and the burst's callers do not wait.
         assert!(
-            (48..=100).contains(&n),
-            "{key}: {n} reservations of 10 admitted"
+            ids.len() <= 100,
+            "{key}: {} reservations of 10 admitted",
+            ids.len()
         );
+        // Reserved one at a time over the instances, retrying the refusals the claims make
+        // while the budget has room (150 more tries), the budget is taken to within what the
+        // instances' claims can strand: each instance may hold less than one reservation's
+        // amount of the budget, asked for in turn and so never given back, which no reservation
+        // of 10 can use (docs/hybrid-store.md, "Under-admission"). Three instances strand at
+        // most 3 × 9 units: at least 98 reservations, never 101.
+        let mut reserve = body(key, "acme");
+        reserve["amount"] = json!(10);
+        let tries = std::sync::Mutex::new(150..300);
+        let topped = std::sync::Mutex::new(Vec::new());
+        eventually(&format!("{key}: the top-up ends"), || async {
+            let n = ids.len() + topped.lock().unwrap().len();
+            let Some(i) = tries.lock().unwrap().next().filter(|_| n < 100) else {
+                return Ok(());
+            };
+            let (status, answer) = post(&client, &urls[i % 3], "/v1/reserve", &reserve).await;
+            match status {
+                200 => topped
+                    .lock()
+                    .unwrap()
+                    .push((i, answer["reservation"].as_str().unwrap().to_owned())),
+                429 => {}
+                other => panic!("unexpected {other}: {answer}"),
+            }
+            Err(format!("{n} reserved"))
+        })
+        .await;
+        ids.extend(topped.into_inner().unwrap());
+        assert!(
+            (98..=100).contains(&ids.len()),
+            "{key}: {} reservations of 10 after the top-up",
+            ids.len()
+        );
+        let n = ids.len() as u64;
 
         // Each settled on the next instance with 4 used: 6 come back from each.
         for (i, id) in &ids {
