@@ -154,27 +154,42 @@ impl UpstreamPool {
         timeout: Duration,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let deadline = Instant::now() + timeout;
+        // Only the common case, a whole body on the gateway's own client, is awaited in place:
+        // the others are boxed, so this future (moved into its box by every request) is as
+        // small as that case needs and not as large as hyper's or h2's handshakes.
         if self.h2 {
-            return within(deadline, self.send_h2(request)).await;
+            return Box::pin(within(deadline, self.send_h2(request))).await;
         }
         let (parts, body) = request.into_parts();
         match carried(&parts, body) {
             Carried::Whole(body) => self.send_h1(parts, body, deadline).await,
-            Carried::Short(body) => {
-                // A client that fails to send the body it announced leaves nothing to forward.
-                let read = async {
-                    body.collect()
-                        .await
-                        .map(|b| b.to_bytes())
-                        .map_err(|e| UpstreamError::Exchange(std::io::Error::other(e)))
-                };
-                let body = within(deadline, read).await?;
-                self.send_h1(parts, Some(body), deadline).await
-            }
+            Carried::Short(body) => Box::pin(self.send_short(parts, body, deadline)).await,
             Carried::Hyper(body) => {
-                within(deadline, self.send_hyper(Request::from_parts(parts, body))).await
+                Box::pin(within(
+                    deadline,
+                    self.send_hyper(Request::from_parts(parts, body)),
+                ))
+                .await
             }
         }
+    }
+
+    /// Reads a short body whole, then sends the request on the gateway's own client.
+    async fn send_short(
+        self: &Arc<Self>,
+        parts: request::Parts,
+        body: Incoming,
+        deadline: Instant,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        // A client that fails to send the body it announced leaves nothing to forward.
+        let read = async {
+            body.collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| UpstreamError::Exchange(std::io::Error::other(e)))
+        };
+        let body = within(deadline, read).await?;
+        self.send_h1(parts, Some(body), deadline).await
     }
 
     /// Sends a request whose body is whole on the gateway's own client, once more on a new
@@ -188,14 +203,15 @@ impl UpstreamPool {
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let (mut connection, reused) = match self.h1.take(|c| !c.is_stale()) {
             Some(connection) => (connection, true),
-            None => (self.connect_h1(deadline).await?, false),
+            // A new connection is the rare case: its connect and timer wait boxed.
+            None => (Box::pin(self.connect_h1(deadline)).await?, false),
         };
         let head = match connection.exchange(&parts, body.as_ref(), deadline).await {
             Ok(head) => head,
             Err(e) if e.timed_out => return Err(UpstreamError::TimedOut),
             Err(e) if reused && (e.unsent || (e.unanswered && parts.method.is_idempotent())) => {
                 tracing::debug!(error = %e.error, "a kept-alive upstream connection had closed; sending again");
-                connection = self.connect_h1(deadline).await?;
+                connection = Box::pin(self.connect_h1(deadline)).await?;
                 match connection.exchange(&parts, body.as_ref(), deadline).await {
                     Ok(head) => head,
                     Err(e) if e.timed_out => return Err(UpstreamError::TimedOut),
