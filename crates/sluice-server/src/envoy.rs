@@ -143,7 +143,7 @@ fn current_limit(c: &LimitResult) -> RateLimit {
 /// A reset in whole seconds, rounded up, as envoyproxy/ratelimit reports it (`60s` at the start
 /// of a minute's window, `1s` in its last second), so clients that read only `seconds` see a
 /// time that has not passed yet.
-fn whole_seconds(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
+pub(crate) fn whole_seconds(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
     let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
     proto_duration(Duration::from_secs(secs))
 }
