@@ -17,8 +17,8 @@ use http::header::{
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 use sluice_http::PeerAddr;
+use sluice_http::RequestBody as ClientBody;
 use sluice_http::client_ip::{X_FORWARDED_FOR, push_ip};
 use tower_service::Service;
 
@@ -31,7 +31,7 @@ pub type GatewayBody = Either<UpstreamBody, Full<Bytes>>;
 
 /// The body the gateway sends upstream: the client's, streamed, or the bytes it read to find a
 /// reservation's estimate, forwarded as they came.
-pub(crate) type RequestBody = Either<Incoming, Full<Bytes>>;
+pub(crate) type RequestBody = Either<ClientBody, Full<Bytes>>;
 
 /// Forwards requests to the upstream. Cheap to clone: clones share one [`Target`].
 #[derive(Clone)]
@@ -195,7 +195,7 @@ impl Target {
     }
 }
 
-impl Service<Request<Incoming>> for Forward {
+impl Service<Request<ClientBody>> for Forward {
     type Response = Response<GatewayBody>;
     type Error = Infallible;
     type Future = std::pin::Pin<
@@ -206,7 +206,7 @@ impl Service<Request<Incoming>> for Forward {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
         let target = Arc::clone(&self.0);
         Box::pin(async move {
             Ok(match target.forward(request.map(Either::Left)).await {

@@ -13,10 +13,10 @@ use std::task::{Context, Poll, ready};
 use http::header::ACCEPT_ENCODING;
 use http::{Request, Response};
 use http_body_util::Either;
-use hyper::body::Incoming;
 use sluice_http::extract::matching_route;
 use sluice_http::middleware::{ResponseFuture, SharedLimitBody};
 use sluice_http::settle::PendingSettle;
+use sluice_http::RequestBody as ClientBody;
 use sluice_http::{SharedLimit, SharedLimitLayer, pass_headers, reject};
 use sluice_rules::RouteUsage;
 use tower_service::Service;
@@ -55,7 +55,7 @@ impl Metered {
     }
 }
 
-impl Service<Request<Incoming>> for Metered {
+impl Service<Request<ClientBody>> for Metered {
     type Response = Response<MeteredBody>;
     type Error = Infallible;
     type Future = MeteredFuture;
@@ -64,7 +64,7 @@ impl Service<Request<Incoming>> for Metered {
         self.limited.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<Incoming>) -> MeteredFuture {
+    fn call(&mut self, request: Request<ClientBody>) -> MeteredFuture {
         let rules = self.budget.layer.enforcer().limiter().reloader().rules();
         let budgeted = rules
             .gateway()
@@ -112,7 +112,7 @@ impl Budget {
     /// Reserves the request's estimate, forwards it, and settles with the answer's usage.
     async fn call(
         &self,
-        request: Request<Incoming>,
+        request: Request<ClientBody>,
         usage: Arc<RouteUsage>,
     ) -> Response<BudgetBody> {
         let (mut parts, body) = request.into_parts();

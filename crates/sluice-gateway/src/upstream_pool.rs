@@ -34,7 +34,6 @@ use http::header::EXPECT;
 use http::{Method, Request, Response, request};
 use http_body::Body;
 use http_body_util::{BodyExt, Either};
-use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
@@ -42,6 +41,7 @@ use tokio::time::Instant;
 
 use crate::answer_framing::Decoder;
 use crate::forward::RequestBody;
+use sluice_http::RequestBody as ClientBody;
 use crate::h1_connection::{AnswerHead, H1Connection};
 use crate::upstream_body::{Lease, UpstreamBody};
 
@@ -178,7 +178,7 @@ impl UpstreamPool {
     async fn send_short(
         self: &Arc<Self>,
         parts: request::Parts,
-        body: Incoming,
+        body: ClientBody,
         deadline: Instant,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         // A client that fails to send the body it announced leaves nothing to forward.
@@ -387,7 +387,7 @@ enum Carried {
     /// The gateway's own client, with no body (`None`) or this whole one.
     Whole(Option<Bytes>),
     /// The gateway's own client, once this short body has been read.
-    Short(Incoming),
+    Short(ClientBody),
     /// hyper's client.
     Hyper(RequestBody),
 }
@@ -402,6 +402,10 @@ fn carried(parts: &request::Parts, body: RequestBody) -> Carried {
         return Carried::Hyper(body);
     }
     match body {
+        // Read with its head by the listener: nothing to wait for.
+        Either::Left(client) if client.as_whole().is_some() => {
+            Carried::Whole(client.as_whole().cloned())
+        }
         Either::Left(incoming) if incoming.is_end_stream() => Carried::Whole(None),
         Either::Left(incoming)
             if incoming

@@ -390,20 +390,34 @@ impl<B: Body> Body for Tracked<B> {
     }
 }
 
+/// A connection that can be asked to close once what it is doing is done: hyper's, and
+/// [`h1_server`](crate::h1_server)'s.
+pub trait Graceful: Future {
+    /// Starts closing: a connection waiting for a request ends, one answering ends after its
+    /// answers (HTTP/1.1 `Connection: close`, h2 `GOAWAY`).
+    fn close_gracefully(self: Pin<&mut Self>);
+}
+
+impl<C: GracefulConnection> Graceful for C {
+    fn close_gracefully(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
 /// Serves `connection` to its end under the deadlines of `limits`, as `activity` (given to its
 /// service) tells what it has seen; closes it gracefully once `stopped` turns true (after the
 /// drain, for an HTTP/1.1 connection with nothing in flight), and then waits for the requests
 /// in flight (the caller bounds how long). Returns how it ended; a connection dropped at a
 /// deadline ended without error.
-pub fn drive<C>(
+pub fn drive<C, E>(
     connection: C,
     activity: Activity,
     limits: ConnectionLimits,
     stopped: watch::Receiver<bool>,
-) -> impl Future<Output = Result<(), C::Error>> + Send
+) -> impl Future<Output = Result<(), E>> + Send
 where
-    C: GracefulConnection + Send,
-    C::Error: Send,
+    C: Graceful<Output = Result<(), E>> + Send,
+    E: Send,
 {
     // Declared `Send` here, where it is proven once for every connection type: proven at each
     // spawn instead, the compiler cannot see that the borrows inside are `Send` for every
@@ -411,14 +425,14 @@ where
     driving(connection, activity, limits, stopped)
 }
 
-async fn driving<C>(
+async fn driving<C, E>(
     connection: C,
     activity: Activity,
     limits: ConnectionLimits,
     mut stopped: watch::Receiver<bool>,
-) -> Result<(), C::Error>
+) -> Result<(), E>
 where
-    C: GracefulConnection,
+    C: Graceful<Output = Result<(), E>>,
 {
     let mut connection = std::pin::pin!(connection);
     let shared = &activity.shared;
@@ -443,7 +457,7 @@ where
     loop {
         let wake = match closing {
             None if draining.is_some_and(|until| Instant::now() >= until) => {
-                connection.as_mut().graceful_shutdown();
+                connection.as_mut().close_gracefully();
                 closing = Some(None);
                 None
             }
@@ -472,7 +486,7 @@ where
                             "connection closed: no request head within the header timeout of the last answer"
                         );
                     }
-                    connection.as_mut().graceful_shutdown();
+                    connection.as_mut().close_gracefully();
                     let until = Instant::now() + limits.header_read;
                     closing = Some(Some(until));
                     Some(until)
@@ -523,7 +537,7 @@ where
                 shared.draining.store(true, Ordering::Relaxed);
                 let h2 = shared.h2.load(Ordering::Relaxed);
                 if h2 || shared.in_flight.load(Ordering::Acquire) > 0 {
-                    connection.as_mut().graceful_shutdown();
+                    connection.as_mut().close_gracefully();
                     closing = Some(None);
                 } else {
                     draining = Some(Instant::now() + limits.drain);

@@ -34,11 +34,14 @@ pub mod connection_deadlines;
 mod dashboard;
 mod enforce;
 pub mod extract;
+pub mod h1_server;
 pub mod header_blocks;
+mod http_date;
 pub mod lifecycle;
 pub mod middleware;
 #[cfg(feature = "axum")]
 pub mod problem;
+pub mod request_body;
 pub mod send_progress;
 pub mod serve;
 pub mod settle;
@@ -48,3 +51,4 @@ pub use enforce::{
 };
 pub use extract::Extracted;
 pub use middleware::{PeerAddr, SharedLimit, SharedLimitLayer};
+pub use request_body::RequestBody;

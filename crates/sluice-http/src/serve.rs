@@ -14,15 +14,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use http::Request;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tower_service::Service;
 
 use crate::PeerAddr;
 use crate::connection_deadlines::{Activity, Tracked, drive};
+use crate::h1_server;
 use crate::header_blocks::HeaderBlocks;
+use crate::request_body::RequestBody;
 use crate::send_progress::SendProgress;
 
 /// How many connections a listener holds, and how long they may take and stay idle.
@@ -87,7 +88,7 @@ const EMFILE_BACKOFF: Duration = Duration::from_millis(100);
 /// [`serve_connections`] and the lifecycle's `serve` and `listen` share.
 pub trait HttpService<B>:
     Service<
-        Request<Incoming>,
+        Request<RequestBody>,
         Response = http::Response<B>,
         Error = Infallible,
         Future: Send + 'static,
@@ -99,7 +100,7 @@ pub trait HttpService<B>:
 
 impl<S, B> HttpService<B> for S where
     S: Service<
-            Request<Incoming>,
+            Request<RequestBody>,
             Response = http::Response<B>,
             Error = Infallible,
             Future: Send + 'static,
@@ -178,6 +179,7 @@ pub async fn serve_connections_with<F, S, B>(
         .max_concurrent_streams(H2_MAX_STREAMS)
         .keep_alive_interval(limits.h2_keep_alive)
         .keep_alive_timeout(limits.h2_keep_alive);
+    let hyper = Arc::new(builder);
     // Every connection's task holds a clone; stopping waits until all are dropped.
     let (open, mut all_closed) = mpsc::channel::<()>(1);
     let mut admission = Admission::new(limits);
@@ -217,7 +219,7 @@ pub async fn serve_connections_with<F, S, B>(
         let activity = Activity::new();
         let seen = activity.clone();
         // Every request is in flight until its answer is sent.
-        let tracked = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let answer = move |request: Request<RequestBody>| {
             let version = request.version();
             let in_flight = seen.begin(version);
             let mut service = service.clone();
@@ -234,14 +236,14 @@ pub async fn serve_connections_with<F, S, B>(
                 }
                 Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight)))
             }
-        });
+        };
         let stream = HeaderBlocks::new(
             SendProgress::new(stream, activity.clone()),
             activity.clone(),
         );
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), tracked)
-            .into_owned();
+        // HTTP/1.1's common case on the connection's own task; the rest, h2 included, by
+        // hyper (`h1_server`).
+        let connection = h1_server::serve(stream, answer, Arc::clone(&hyper));
         let (stopped, open) = (stopped.clone(), open.clone());
         tokio::spawn(async move {
             if let Err(e) = drive(connection, activity, limits, stopped).await {
@@ -264,9 +266,9 @@ struct WithPeer<S> {
     peer: SocketAddr,
 }
 
-impl<S> Service<Request<Incoming>> for WithPeer<S>
+impl<S> Service<Request<RequestBody>> for WithPeer<S>
 where
-    S: Service<Request<Incoming>>,
+    S: Service<Request<RequestBody>>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -279,7 +281,7 @@ where
         self.service.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: Request<Incoming>) -> S::Future {
+    fn call(&mut self, mut request: Request<RequestBody>) -> S::Future {
         request.extensions_mut().insert(PeerAddr(self.peer));
         self.service.call(request)
     }

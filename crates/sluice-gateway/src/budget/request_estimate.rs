@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, StatusCode};
 use http_body_util::{BodyExt, Either, Full, Limited};
-use hyper::body::Incoming;
+use sluice_http::RequestBody as ClientBody;
 use sluice_rules::ReserveFrom;
 
 use super::json_units::units_in;
@@ -43,7 +43,7 @@ impl Unreadable {
 pub(crate) async fn estimate(
     reserve: &ReserveFrom,
     headers: &HeaderMap,
-    body: Incoming,
+    body: ClientBody,
 ) -> Result<(u64, RequestBody), Unreadable> {
     let Some(path) = &reserve.from else {
         return Ok((reserve.default, Either::Left(body)));
