@@ -83,27 +83,22 @@ async fn answer(
 struct Listener {
     addr: std::net::SocketAddr,
     seen: Arc<Seen>,
-    _stop: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
 }
 
 async fn listen() -> Listener {
+    listen_with(ConnectionLimits::default()).await
+}
+
+async fn listen_with(limits: ConnectionLimits) -> Listener {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Seen::default());
     let for_service = seen.clone();
     let service = tower::service_fn(move |request| answer(request, for_service.clone()));
     let (stop, stopped) = watch::channel(false);
-    tokio::spawn(serve_connections(
-        listener,
-        service,
-        stopped,
-        ConnectionLimits::default(),
-    ));
-    Listener {
-        addr,
-        seen,
-        _stop: stop,
-    }
+    tokio::spawn(serve_connections(listener, service, stopped, limits));
+    Listener { addr, seen, stop }
 }
 
 /// One answer read off `stream`: its head and its body, framed by length or chunks.
@@ -344,4 +339,28 @@ async fn requests_it_does_not_serve_itself_are_hyper_s_on_the_same_connection() 
         .unwrap();
     let (head, _) = read_answer(&mut s, &mut buf).await;
     assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+}
+
+#[tokio::test]
+async fn a_request_whose_body_is_arriving_when_the_listener_stops_is_answered() {
+    // No drain: the connection is closed gracefully as soon as the stop is seen.
+    let l = listen_with(ConnectionLimits {
+        drain: Duration::ZERO,
+        ..ConnectionLimits::default()
+    })
+    .await;
+    let mut s = TcpStream::connect(l.addr).await.unwrap();
+    let mut buf = Vec::new();
+    // One write: once the first is answered, the second's head and half its body have been
+    // read with it.
+    s.write_all(b"GET /echo HTTP/1.1\r\n\r\nPOST /echo HTTP/1.1\r\nContent-Length: 4\r\n\r\nha")
+        .await
+        .unwrap();
+    read_answer(&mut s, &mut buf).await;
+    l.stop.send(true).unwrap();
+    s.write_all(b"lf").await.unwrap();
+    let (head, body) = read_answer(&mut s, &mut buf).await;
+    assert!(head.contains("connection: close"), "{head}");
+    assert_eq!(body, "POST /echo HTTP/1.1  half");
+    assert!(closed(&mut s).await);
 }

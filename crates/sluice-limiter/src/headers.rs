@@ -1,6 +1,7 @@
 //! The rate-limit response fields: the IETF `RateLimit-Policy` and `RateLimit` fields, the
 //! legacy `X-RateLimit-*` trio, and `Retry-After`.
 
+use std::cell::RefCell;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -101,36 +102,36 @@ pub(crate) fn rate_limit_headers<'a>(
         return out;
     };
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        // Sized for the usual names and numbers, so that neither grows on the way: these are
-        // built for every answer.
-        let capacity = shown.clone().map(|l| l.name().len() + 32).sum();
-        let (mut policy, mut state) = (
-            String::with_capacity(capacity),
-            String::with_capacity(capacity),
-        );
-        for (i, l) in shown.enumerate() {
-            if i > 0 {
-                policy.push_str(", ");
-                state.push_str(", ");
+        // Written in this thread's scratch strings and copied out at their length: one
+        // allocation for each value, where a string of its own and the `Bytes` that took it
+        // over cost two (these are built for every answer).
+        SCRATCH.with_borrow_mut(|(policy, state)| {
+            policy.clear();
+            state.clear();
+            for (i, l) in shown.enumerate() {
+                if i > 0 {
+                    policy.push_str(", ");
+                    state.push_str(", ");
+                }
+                push_sf_string(policy, l.name());
+                policy.push_str(";q=");
+                push_u64(policy, l.decision.limit);
+                if l.policy().concurrent() {
+                    // A quota of requests at once has no window (IETF draft-11's quota unit).
+                    policy.push_str(";qu=\"concurrent-requests\"");
+                } else {
+                    policy.push_str(";w=");
+                    push_u64(policy, ceil_secs(l.policy().window()));
+                }
+                push_sf_string(state, l.name());
+                state.push_str(";r=");
+                push_u64(state, l.decision.remaining);
+                state.push_str(";t=");
+                push_u64(state, ceil_secs(l.decision.reset_after));
             }
-            push_sf_string(&mut policy, l.name());
-            policy.push_str(";q=");
-            push_u64(&mut policy, l.decision.limit);
-            if l.policy().concurrent() {
-                // A quota of requests at once has no window (IETF draft-11's quota unit).
-                policy.push_str(";qu=\"concurrent-requests\"");
-            } else {
-                policy.push_str(";w=");
-                push_u64(&mut policy, ceil_secs(l.policy().window()));
-            }
-            push_sf_string(&mut state, l.name());
-            state.push_str(";r=");
-            push_u64(&mut state, l.decision.remaining);
-            state.push_str(";t=");
-            push_u64(&mut state, ceil_secs(l.decision.reset_after));
-        }
-        push(&mut out, &RATELIMIT_POLICY, policy);
-        push(&mut out, &RATELIMIT, state);
+            push(&mut out, &RATELIMIT_POLICY, policy);
+            push(&mut out, &RATELIMIT, state);
+        });
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let d = &tightest.decision;
@@ -144,15 +145,21 @@ pub(crate) fn rate_limit_headers<'a>(
     out
 }
 
+thread_local! {
+    /// Where the IETF fields' values are written before they are copied out.
+    static SCRATCH: RefCell<(String, String)> = const { RefCell::new((String::new(), String::new())) };
+}
+
 /// Writes `n` in decimal, as `Display` does, without going through a formatter.
 fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
 
-fn push(out: &mut Vec<(HeaderName, HeaderValue)>, name: &HeaderName, value: String) {
+fn push(out: &mut Vec<(HeaderName, HeaderValue)>, name: &HeaderName, value: &str) {
     // Every value built here is printable ASCII, so the conversion cannot fail; skip rather
-    // than panic should that ever change. The value's bytes are taken over, not copied.
-    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+    // than panic should that ever change. Copied at its length, the value's `Bytes` needs no
+    // shared header of its own.
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(value.as_bytes())) {
         out.push((name.clone(), v));
     }
 }
