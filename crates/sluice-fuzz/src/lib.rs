@@ -58,12 +58,13 @@ routes:
 "#;
 
 /// The names of the targets, as `fuzz/` and `tests/corpus.rs` know them.
-pub const TARGETS: [&str; 5] = [
+pub const TARGETS: [&str; 6] = [
     "rules_yaml",
     "http_api",
     "envoy_proto",
     "gateway_keys",
     "redis_reply",
+    "http1_connection",
 ];
 
 /// Runs target `name` on `data`. Panics on an unknown name.
@@ -74,6 +75,7 @@ pub fn run(name: &str, data: &[u8]) {
         "envoy_proto" => envoy_proto(data),
         "gateway_keys" => gateway_keys(data),
         "redis_reply" => redis_reply(data),
+        "http1_connection" => http1_connection(data),
         other => panic!("no fuzz target named {other}"),
     }
 }
@@ -234,6 +236,79 @@ pub fn redis_reply(data: &[u8]) {
     if let Some(decoded) = sluice_redis::fuzzing::check_reply(resp, &limits) {
         assert_eq!(decoded, limits.len());
     }
+}
+
+/// The bytes a client sends on an HTTP/1.1 connection, whatever they are, to the listeners'
+/// own HTTP/1.1 server (`sluice_http::h1_server`, which hands what it does not serve to hyper
+/// with the bytes read): it answers with HTTP/1.x answers or closes, and the connection ends
+/// once the client has sent everything and closed its side. It never panics, never answers
+/// with anything but an HTTP/1 status line (h2's frames to h2's preface), and never hangs.
+pub fn http1_connection(data: &[u8]) {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use http_body_util::{BodyExt as _, Full};
+    use hyper_util::rt::TokioExecutor;
+    use hyper_util::server::conn::auto::Builder;
+    use sluice_http::RequestBody;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    // A clock of its own that moves only when nothing can run: a connection that would wait
+    // for ever makes the timeout below fire at once instead of holding the fuzzer.
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    let runtime = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a runtime")
+    });
+    runtime.block_on(async {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (mut from_server, mut to_server) = tokio::io::split(client);
+        let answer = |request: Request<RequestBody>| async move {
+            let target = request.uri().to_string();
+            let body = request
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes().len())
+                .unwrap_or(0);
+            Ok::<_, Infallible>(http::Response::new(Full::new(axum::body::Bytes::from(
+                format!("{target} {body}"),
+            ))))
+        };
+        let connection = sluice_http::h1_server::serve(
+            server,
+            answer,
+            Arc::new(Builder::new(TokioExecutor::new())),
+        );
+        let serving = tokio::spawn(connection);
+        let reading = tokio::spawn(async move {
+            let mut out = Vec::new();
+            let _ = from_server.read_to_end(&mut out).await;
+            out
+        });
+        // The server may stop reading (a request it refuses): what is left unsent is dropped.
+        let _ = to_server.write_all(data).await;
+        let _ = to_server.shutdown().await;
+        let out = tokio::time::timeout(Duration::from_secs(600), reading)
+            .await
+            .expect("the connection ends once the client has sent everything and closed")
+            .expect("the reader does not panic");
+        let ended = tokio::time::timeout(Duration::from_secs(600), serving)
+            .await
+            .expect("the server's side ends too");
+        assert!(ended.is_ok(), "the connection's task panicked");
+        // h2's preface is answered in h2, by hyper: its first frame is the server's SETTINGS.
+        let h2 = data.starts_with(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") && out.get(3) == Some(&0x4);
+        assert!(
+            out.is_empty() || out.starts_with(b"HTTP/1.") || h2,
+            "answered {:?} to {:?}",
+            String::from_utf8_lossy(&out[..out.len().min(80)]),
+            String::from_utf8_lossy(&data[..data.len().min(200)])
+        );
+    });
 }
 
 #[cfg(test)]
