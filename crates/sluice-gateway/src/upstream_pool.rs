@@ -36,12 +36,12 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use sluice_http::RequestBody as ClientBody;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::answer_framing::Decoder;
 use crate::forward::RequestBody;
-use sluice_http::RequestBody as ClientBody;
 use crate::h1_connection::{AnswerHead, H1Connection};
 use crate::upstream_body::{Lease, UpstreamBody};
 
