@@ -186,6 +186,14 @@ where
             let _ = io.shutdown().await;
             return Ok(());
         }
+        // A large answer or pipelined burst leaves its buffers large: a kept-alive connection
+        // holds only what a usual request needs while it waits for the next.
+        if out.capacity() > WRITE_SIZE * 2 {
+            out = Vec::with_capacity(READ_SIZE);
+        }
+        if buf.is_empty() && buf.capacity() > READ_SIZE * 4 {
+            buf = BytesMut::with_capacity(READ_SIZE);
+        }
     }
 }
 
@@ -501,9 +509,21 @@ where
                 if let Framing::Length(_) = framing {
                     left -= len as u64;
                 }
+                // A small part is gathered; a large one (a download) is written from where it
+                // is, after what was gathered, so that neither is copied twice nor makes the
+                // connection's buffer grow to its size.
+                let large = len >= WRITE_SIZE;
+                if large {
+                    write_all(io, out).await?;
+                    out.clear();
+                }
                 while data.has_remaining() {
                     let chunk = data.chunk();
-                    out.extend_from_slice(chunk);
+                    if large {
+                        write_all(io, chunk).await?;
+                    } else {
+                        out.extend_from_slice(chunk);
+                    }
                     let n = chunk.len();
                     data.advance(n);
                 }

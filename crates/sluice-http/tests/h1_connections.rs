@@ -28,7 +28,7 @@ struct Seen {
 }
 
 /// Answers `/echo` with the method, target, `x-echo` and the body; `/stream` with three parts,
-/// unsized; `/empty` with 204; `/never` never (it waits for ever, and counts its drop).
+/// unsized; `/large` with one part of 200 KiB, unsized; `/empty` with 204; `/never` never (it waits for ever, and counts its drop).
 async fn answer(
     request: Request<RequestBody>,
     seen: Arc<Seen>,
@@ -45,6 +45,11 @@ async fn answer(
             let parts = ["one ", "two ", "three"].map(|p| {
                 Ok::<_, Infallible>(http_body::Frame::data(Bytes::from_static(p.as_bytes())))
             });
+            Response::new(StreamBody::new(futures_util::stream::iter(parts)).boxed())
+        }
+        "/large" => {
+            let part = Bytes::from(vec![b'x'; 200 * 1024]);
+            let parts = [Ok::<_, Infallible>(http_body::Frame::data(part))];
             Response::new(StreamBody::new(futures_util::stream::iter(parts)).boxed())
         }
         "/empty" => Response::builder()
@@ -363,4 +368,23 @@ async fn a_request_whose_body_is_arriving_when_the_listener_stops_is_answered() 
     assert!(head.contains("connection: close"), "{head}");
     assert_eq!(body, "POST /echo HTTP/1.1  half");
     assert!(closed(&mut s).await);
+}
+
+#[tokio::test]
+async fn a_large_body_is_sent_whole_and_the_connection_goes_on() {
+    let l = listen().await;
+    let mut s = TcpStream::connect(l.addr).await.unwrap();
+    let mut buf = Vec::new();
+    // 200 KiB in one part, chunked since the stream's size is not known.
+    s.write_all(b"GET /large HTTP/1.1\r\n\r\nGET /echo HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, body) = read_answer(&mut s, &mut buf).await;
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert_eq!(body.len(), 200 * 1024);
+    assert!(body.bytes().all(|b| b == b'x'));
+    assert_eq!(
+        read_answer(&mut s, &mut buf).await.1,
+        "GET /echo HTTP/1.1  "
+    );
 }
