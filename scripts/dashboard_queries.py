@@ -309,8 +309,12 @@ def main():
                 sys.exit(f"dashboard_queries: alert rules fail on live data: {broken}")
             return all(r.get("health") == "ok" for r in rules)
         wait_for("the alert rules are evaluated", 30, rules_evaluated)
-        refusing = query(prometheus_addr, "sluice:refusals:rate5m")
-        if not refusing:
+        # Evaluated is not filled: the rule's rate needs two scrapes of a refusal counter, and a
+        # group evaluated once may have run before the second.
+        try:
+            wait_for("sluice:refusals:rate5m holds the refusing rules", 30,
+                     lambda: query(prometheus_addr, "sluice:refusals:rate5m"))
+        except RuntimeError:
             sys.exit("dashboard_queries: sluice:refusals:rate5m holds no rule")
         # The refused reload fires its alert on the live series.
         wait_for("SluiceRuleReloadFailed fires", 30, lambda: query(
