@@ -98,38 +98,72 @@ impl<F: Future> Graceful for H1Connection<F> {
     }
 }
 
+/// What a connection answers each request with: the listener's service, wrapped so that the
+/// connection's activity sees each request. Any closure of that shape is one.
+pub trait Answer: Clone + Send + 'static {
+    /// The answers' body.
+    type Body: ResponseBody;
+    /// An answer in the making.
+    type Answering: Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
+
+    /// Begins answering `request`.
+    fn answer(&self, request: Request<RequestBody>) -> Self::Answering;
+}
+
+impl<F, Fut, B> Answer for F
+where
+    F: Fn(Request<RequestBody>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: ResponseBody,
+{
+    type Body = B;
+    type Answering = Fut;
+
+    fn answer(&self, request: Request<RequestBody>) -> Fut {
+        self(request)
+    }
+}
+
 /// Serves `io`, an accepted connection, answering each request with `answer`; requests this
 /// connection does not serve itself, and the rest of their connection, go to `hyper`.
-pub fn serve<I, A, Fut, B>(
+pub fn serve<I, A>(
     io: I,
     answer: A,
     hyper: Arc<Builder<TokioExecutor>>,
 ) -> H1Connection<impl Future<Output = Result<(), BoxError>> + Send>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    A: Fn(Request<RequestBody>) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
-    B: ResponseBody,
+    A: Answer,
 {
     let closing = Arc::new(AtomicBool::new(false));
     H1Connection {
-        serving: serving(io, answer, hyper, Arc::clone(&closing)),
+        serving: serving(
+            io,
+            With {
+                answer,
+                hyper,
+                closing: Arc::clone(&closing),
+            },
+        ),
         closing,
     }
 }
 
-async fn serving<I, A, Fut, B>(
-    mut io: I,
+/// What a connection is served with besides its socket.
+struct With<A> {
     answer: A,
+    /// Who serves what this connection does not.
     hyper: Arc<Builder<TokioExecutor>>,
+    /// Set when the connection is asked to close gracefully.
     closing: Arc<AtomicBool>,
-) -> Result<(), BoxError>
+}
+
+async fn serving<I, A>(mut io: I, with: With<A>) -> Result<(), BoxError>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    A: Fn(Request<RequestBody>) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
-    B: ResponseBody,
+    A: Answer,
 {
+    let closing = Arc::clone(&with.closing);
     let mut buf = BytesMut::with_capacity(READ_SIZE);
     let mut out = Vec::with_capacity(READ_SIZE);
     loop {
@@ -140,7 +174,7 @@ where
                     Parsed::Request(request, close) => break (request, close),
                     Parsed::Partial => {}
                     Parsed::Body => head_read = true,
-                    Parsed::Elsewhere => return by_hyper(io, buf, answer, hyper, closing).await,
+                    Parsed::Elsewhere => return by_hyper(io, buf, with).await,
                 }
             }
             // Waiting for a head (or the rest of one): a graceful close ends the connection,
@@ -159,7 +193,7 @@ where
             }
         };
         let response = {
-            let mut answering = std::pin::pin!(answer(request));
+            let mut answering = std::pin::pin!(with.answer.answer(request));
             // While the answer is made, the socket is read: a client that closes its side has
             // its answer dropped, as under hyper (which does not serve half-closed
             // connections); what a pipelining client sends meanwhile is kept for later.
@@ -198,21 +232,18 @@ where
 }
 
 /// Serves the rest of the connection with hyper, from the bytes read so far.
-async fn by_hyper<I, A, Fut, B>(
-    io: I,
-    read: BytesMut,
-    answer: A,
-    hyper: Arc<Builder<TokioExecutor>>,
-    closing: Arc<AtomicBool>,
-) -> Result<(), BoxError>
+async fn by_hyper<I, A>(io: I, read: BytesMut, with: With<A>) -> Result<(), BoxError>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    A: Fn(Request<RequestBody>) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
-    B: ResponseBody,
+    A: Answer,
 {
+    let With {
+        answer,
+        hyper,
+        closing,
+    } = with;
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        answer(request.map(RequestBody::from))
+        answer.answer(request.map(RequestBody::from))
     });
     let connection = hyper
         .serve_connection(TokioIo::new(Rewind::new(read.freeze(), io)), service)
