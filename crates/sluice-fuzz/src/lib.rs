@@ -233,6 +233,7 @@ pub fn redis_reply(data: &[u8]) {
         return;
     };
     let limits: Vec<u64> = (0..u64::from(n % 4) + 1).map(|i| 10 * (i + 1)).collect();
+    assert!(sluice_redis::fuzzing::reply_readers_agree(resp));
     if let Some(decoded) = sluice_redis::fuzzing::check_reply(resp, &limits) {
         assert_eq!(decoded, limits.len());
     }

@@ -14,7 +14,8 @@
 //!
 //! On standalone and Sentinel, script calls also go through a batch task that sends the calls
 //! made at about the same moment as one pipeline: one write to the socket for many decisions
-//! instead of one each (see [`run_batches`]).
+//! instead of one each (see [`run_batches`]). On a standalone server over plain TCP, the batch
+//! task owns a connection of its own for them ([`crate::pipe`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -39,6 +40,7 @@ use tokio::time::Instant;
 
 use crate::RedisOptions;
 use crate::masters::Masters;
+use crate::pipe::{self, Dial};
 use crate::scripts::Script;
 use crate::url::{RedisUrl, Topology};
 
@@ -66,7 +68,16 @@ struct Batches {
     shared: mpsc::UnboundedSender<Call>,
     /// Tasks on single-threaded runtimes, by thread; each started by the first call made there.
     local: Mutex<Vec<(ThreadId, mpsc::UnboundedSender<Call>)>>,
-    link: Link,
+    sink: Sink,
+}
+
+/// Where a batch task sends its calls.
+#[derive(Clone)]
+enum Sink {
+    /// A connection of the batch task's own ([`crate::pipe`]): a standalone server over TCP.
+    Own(Arc<Dial>),
+    /// The `redis` crate's connection: TLS, or a Sentinel's master.
+    Crate(Link),
 }
 
 /// The connection proper, per topology.
@@ -85,18 +96,18 @@ enum Request<'a> {
 }
 
 /// One script call waiting for the batch task.
-struct Call {
-    /// `EVALSHA sha numkeys keys… args…`.
-    cmd: Cmd,
-    script: &'static Script,
+pub(crate) struct Call {
+    /// `EVALSHA sha numkeys keys… args…`, packed for the wire ([`pipe::pack_eval_sha`]).
+    pub(crate) command: Vec<u8>,
+    pub(crate) script: &'static Script,
     /// When the caller stops waiting: it is answered with a timeout then, if Redis has not
     /// answered first.
-    deadline: Instant,
-    reply: oneshot::Sender<RedisResult<Value>>,
+    pub(crate) deadline: Instant,
+    pub(crate) reply: oneshot::Sender<RedisResult<Value>>,
 }
 
 /// The most calls one pipeline carries; a longer queue goes out as several.
-const MAX_BATCH: usize = 256;
+pub(crate) const MAX_BATCH: usize = 256;
 
 /// The Sentinel topology: the Sentinels' client and the current master's connection.
 pub(crate) struct SentinelConnection {
@@ -126,10 +137,17 @@ impl Connection {
             }
             Link::Standalone(_) | Link::Sentinel(_) => None,
         };
-        let batches = match link {
-            Link::Cluster(_) => None,
-            Link::Standalone(_) | Link::Sentinel(_) => {
-                let shared = start_batches(&link);
+        let sink = match (&link, &url.topology) {
+            (Link::Cluster(_), _) => None,
+            (Link::Standalone(_), Topology::Standalone { host }) if !url.tls => Some(Sink::Own(
+                Arc::new(Dial::new(url, host, options.connect_timeout)),
+            )),
+            (Link::Standalone(_) | Link::Sentinel(_), _) => Some(Sink::Crate(link.clone())),
+        };
+        let batches = match sink {
+            None => None,
+            Some(sink) => {
+                let shared = start_batches(&sink);
                 let mut local = Vec::new();
                 if on_single_threaded_runtime() {
                     local.push((std::thread::current().id(), shared.clone()));
@@ -137,7 +155,7 @@ impl Connection {
                 Some(Arc::new(Batches {
                     shared,
                     local: Mutex::new(local),
-                    link: link.clone(),
+                    sink,
                 }))
             }
         };
@@ -172,13 +190,13 @@ impl Connection {
         args: &[A],
         deadline: Instant,
     ) -> RedisResult<Value> {
-        let cmd = eval_sha_cmd(script, keys, args);
         let Some(batches) = &self.batches else {
+            let cmd = eval_sha_cmd(script, keys, args);
             return self.link.eval_sha_by(&cmd, script, deadline).await;
         };
         let (reply, answer) = oneshot::channel();
         let call = Call {
-            cmd,
+            command: pipe::pack_eval_sha(script, keys, args),
             script,
             deadline,
             reply,
@@ -225,7 +243,7 @@ impl Batches {
         }
         // A task whose runtime has stopped (a closed queue) goes, and one starts here.
         local.retain(|(t, q)| *t != thread && !q.is_closed());
-        let queue = start_batches(&self.link);
+        let queue = start_batches(&self.sink);
         let sent = queue.send(call);
         local.push((thread, queue));
         sent
@@ -233,9 +251,12 @@ impl Batches {
 }
 
 /// Starts a batch task on the caller's runtime, and returns its queue.
-fn start_batches(link: &Link) -> mpsc::UnboundedSender<Call> {
+fn start_batches(sink: &Sink) -> mpsc::UnboundedSender<Call> {
     let (queue, calls) = mpsc::unbounded_channel();
-    tokio::spawn(run_batches(link.clone(), calls));
+    match sink {
+        Sink::Own(dial) => tokio::spawn(pipe::run(dial.clone(), calls)),
+        Sink::Crate(link) => tokio::spawn(run_batches(link.clone(), calls)),
+    };
     queue
 }
 
@@ -306,25 +327,26 @@ async fn answer_batch(link: Link, mut calls: Vec<Call>) {
     if calls.len() == 1 {
         // A lone call (light load) goes as itself, without the pipeline's buffers.
         let Call {
-            cmd,
+            command,
             script,
             deadline,
             reply,
         } = calls.pop().expect("one call");
+        let cmd = unpacked(&command);
         let _ = reply.send(link.eval_sha_by(&cmd, script, deadline).await);
         return;
     }
     let mut waiting: Vec<(Instant, Option<oneshot::Sender<RedisResult<Value>>>)> =
         Vec::with_capacity(calls.len());
-    let mut pipe = Pipeline::with_capacity(calls.len());
-    pipe.ignore_errors();
+    let mut pipeline = Pipeline::with_capacity(calls.len());
+    pipeline.ignore_errors();
     let mut scripts = Vec::with_capacity(calls.len());
     for call in calls {
-        pipe.add_command(call.cmd);
+        pipeline.add_command(unpacked(&call.command));
         scripts.push(call.script);
         waiting.push((call.deadline, Some(call.reply)));
     }
-    let send = send_batch(&link, &pipe, &scripts);
+    let send = send_batch(&link, &pipeline, &scripts);
     tokio::pin!(send);
     loop {
         let Some(next) = waiting
@@ -395,6 +417,16 @@ async fn send_batch(
         }
     }
     results
+}
+
+/// A command packed by [`pipe::pack_eval_sha`], as the `redis` crate's.
+fn unpacked(command: &[u8]) -> Cmd {
+    let parts = pipe::unpack(command);
+    let mut cmd = Cmd::with_capacity(parts.len(), command.len());
+    for part in parts {
+        cmd.arg(part);
+    }
+    cmd
 }
 
 pub(crate) fn is_no_script(e: &RedisError) -> bool {

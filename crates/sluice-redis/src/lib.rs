@@ -39,6 +39,7 @@ mod heartbeat;
 mod keys;
 mod masters;
 mod options;
+mod pipe;
 mod scripts;
 mod store;
 #[cfg(feature = "testing")]

@@ -19,7 +19,7 @@ use crate::connection::{Connection, is_transient};
 use crate::keys::{counter_key, counter_key_with, escape, slot};
 use crate::masters::Master;
 use crate::scripts;
-use crate::scripts::args::{ARGS_PER_CHECK, app_now, push_check};
+use crate::scripts::args::{ARGS_PER_CHECK, Arg, app_now, push_check};
 use crate::scripts::exact::check_exact;
 use crate::scripts::reply::{Reply, decode_replies};
 use crate::url::{RedisUrl, Topology};
@@ -423,10 +423,10 @@ impl RedisStore {
         now: Timestamp,
         offset: i64,
         tokens: Option<&[Reply]>,
-    ) -> StoreResult<Vec<String>> {
+    ) -> StoreResult<Vec<Arg>> {
         let mut args = Vec::with_capacity(2 + group.len() * ARGS_PER_CHECK);
-        args.push(offset.to_string());
-        args.push(mode.to_owned());
+        args.push(Arg::int(offset));
+        args.push(Arg::text(mode));
         for (n, &i) in group.iter().enumerate() {
             let token = tokens.map_or("", |t| t[n].token.as_str());
             push_check(&mut args, checks[i].policy, checks[i].cost, now, token)?;
@@ -461,7 +461,7 @@ impl RedisStore {
         pick: impl Fn(Reply) -> T,
     ) -> StoreResult<(Vec<T>, bool)> {
         let groups = self.groups(keys);
-        let mut calls: Vec<(Cow<'_, [String]>, Vec<String>)> = Vec::with_capacity(groups.len());
+        let mut calls: Vec<(Cow<'_, [String]>, Vec<Arg>)> = Vec::with_capacity(groups.len());
         for group in &groups {
             let args = self.script_args(checks, group, "1", now, offset, None)?;
             // One group of every key in order (always, off a Cluster) takes them as they are.
@@ -475,7 +475,7 @@ impl RedisStore {
         let inner = &self.inner;
         let check = self.script(&scripts::CHECK);
         let (values, first_error) = if let Some(masters) = inner.conn.masters() {
-            let calls: Vec<(&[String], &[String])> = calls
+            let calls: Vec<(&[String], &[Arg])> = calls
                 .iter()
                 .map(|(k, a)| (k.as_ref(), a.as_slice()))
                 .collect();
@@ -627,11 +627,12 @@ impl RedisStore {
         inner.refunds.fetch_add(1, Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let refund = self.script(&scripts::REFUND);
-        let results =
-            join_all(calls.iter().map(|(k, a): &(Vec<String>, Vec<String>)| {
-                inner.conn.eval(refund, k, a, deadline)
-            }))
-            .await;
+        let results = join_all(
+            calls
+                .iter()
+                .map(|(k, a): &(Vec<String>, Vec<Arg>)| inner.conn.eval(refund, k, a, deadline)),
+        )
+        .await;
         let failed = results.iter().filter(|r| r.is_err()).count() as u64;
         inner.refund_failures.fetch_add(failed, Ordering::Relaxed);
     }

@@ -438,3 +438,56 @@ fn calls_from_single_threaded_runtimes_are_batched_where_they_run() {
     });
     assert_eq!(admitted, [30, 20]);
 }
+
+/// Script calls go over the store's own connection: it authenticates as the URL's user, works
+/// in the URL's database, and dials again after the server closes it, idle or not. A password
+/// refused on a new connection fails the calls with the server's reason, and nothing hangs.
+#[tokio::test]
+async fn script_calls_use_the_urls_user_and_database_and_survive_a_closed_connection() {
+    let server = RedisServer::start();
+    server
+        .command(&[
+            "ACL", "SETUSER", "limiter", "on", ">s3cret", "~*", "&*", "+@all",
+        ])
+        .unwrap();
+    let url = format!("redis://limiter:s3cret@127.0.0.1:{}/5", server.port);
+    let store = RedisStore::connect(&url, test_options()).await.unwrap();
+    let p = fifty_per_hour().remove(0);
+    let check = |n: u64| {
+        let (store, p) = (store.clone(), p.clone());
+        async move { store.check(&[Check::new("authed", &p, n)]).await }
+    };
+    assert_eq!(check(1).await.unwrap()[0].remaining, 49);
+    let key = store.key_of("authed");
+    let exists = |db: &str| {
+        server
+            .command(&["-n", db, "EXISTS", &key])
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!((exists("5"), exists("0")), ("1".to_owned(), "0".to_owned()));
+
+    // Closed while idle: noticed before the next call is written, which goes on a new one.
+    server
+        .command(&["CLIENT", "KILL", "USER", "limiter"])
+        .unwrap();
+    assert_eq!(check(1).await.unwrap()[0].remaining, 48);
+
+    // A new password: the next connection's AUTH is refused, and the calls say why.
+    server
+        .command(&["ACL", "SETUSER", "limiter", "resetpass", ">other"])
+        .unwrap();
+    server
+        .command(&["CLIENT", "KILL", "USER", "limiter"])
+        .unwrap();
+    let err = check(1).await.unwrap_err();
+    assert!(
+        err.to_string().contains("WRONGPASS") || err.to_string().contains("invalid"),
+        "{err}"
+    );
+    server
+        .command(&["ACL", "SETUSER", "limiter", ">s3cret"])
+        .unwrap();
+    assert_eq!(check(1).await.unwrap()[0].remaining, 47);
+}

@@ -21,13 +21,79 @@ use sluice_core::{Policy, StoreError, Timestamp};
 use super::algorithm::code;
 use super::exact::{EXACT, check_exact};
 
+/// One script argument: a number, or text of up to 22 bytes, kept inline; longer text (a refund
+/// token may be) on the heap. A check's seven arguments cost no allocation of their own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Arg {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Text(String),
+}
+
+const INLINE: usize = 22;
+
+impl Arg {
+    /// `n` in decimal.
+    pub(crate) fn int(n: i64) -> Self {
+        let mut bytes = [0u8; INLINE];
+        let mut at = INLINE;
+        let mut rest = n.unsigned_abs();
+        loop {
+            at -= 1;
+            bytes[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            at -= 1;
+            bytes[at] = b'-';
+        }
+        bytes.copy_within(at.., 0);
+        Arg::Inline {
+            len: (INLINE - at) as u8,
+            bytes,
+        }
+    }
+
+    /// `n` in decimal.
+    pub(crate) fn uint(n: u64) -> Self {
+        match i64::try_from(n) {
+            Ok(n) => Arg::int(n),
+            Err(_) => Arg::Text(n.to_string()),
+        }
+    }
+
+    /// `text` as it is.
+    pub(crate) fn text(text: &str) -> Self {
+        if text.len() > INLINE {
+            return Arg::Text(text.to_owned());
+        }
+        let mut bytes = [0u8; INLINE];
+        bytes[..text.len()].copy_from_slice(text.as_bytes());
+        Arg::Inline {
+            len: text.len() as u8,
+            bytes,
+        }
+    }
+}
+
+impl AsRef<[u8]> for Arg {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Arg::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Arg::Text(text) => text.as_bytes(),
+        }
+    }
+}
+
 /// How many script arguments one check takes.
 pub(crate) const ARGS_PER_CHECK: usize = 7;
 
 /// Appends the seven arguments of one check to `args`. `token` is the refund token (empty for a
 /// check). A policy the script cannot hold exactly is refused here too, not rounded.
 pub(crate) fn push_check(
-    args: &mut Vec<String>,
+    args: &mut Vec<Arg>,
     policy: &Policy,
     cost: u64,
     now: Timestamp,
@@ -38,11 +104,11 @@ pub(crate) fn push_check(
     let cost = cost.min(EXACT);
     let p = policy
         .store_params(now)
-        .map(|p| p.map_or_else(String::new, |v| v.to_string()));
-    args.push(code(policy.algorithm()).to_string());
-    args.push(cost.to_string());
+        .map(|p| p.map_or_else(|| Arg::text(""), Arg::uint));
+    args.push(Arg::uint(u64::from(code(policy.algorithm()))));
+    args.push(Arg::uint(cost));
     args.extend(p);
-    args.push(token.to_owned());
+    args.push(Arg::text(token));
     Ok(())
 }
 
@@ -92,6 +158,19 @@ mod tests {
         let mut args = Vec::new();
         push_check(&mut args, &p, u64::MAX, Timestamp::from_secs(1), "").unwrap();
         assert_eq!(args.len(), ARGS_PER_CHECK);
-        assert_eq!(args[1], EXACT.to_string());
+        assert_eq!(args[1].as_ref(), EXACT.to_string().as_bytes());
+    }
+
+    #[test]
+    fn arguments_read_as_their_decimal_or_text() {
+        for n in [0, 7, -7, 1_000_000_007, i64::MAX, i64::MIN] {
+            assert_eq!(Arg::int(n).as_ref(), n.to_string().as_bytes());
+        }
+        for n in [0, u64::MAX, 1 << 63, (1 << 63) - 1] {
+            assert_eq!(Arg::uint(n).as_ref(), n.to_string().as_bytes());
+        }
+        for text in ["", "c-", "a".repeat(22).as_str(), "b".repeat(23).as_str()] {
+            assert_eq!(Arg::text(text).as_ref(), text.as_bytes());
+        }
     }
 }

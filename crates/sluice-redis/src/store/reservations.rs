@@ -23,7 +23,7 @@ use sluice_core::{Check, Decision, Lease, Refund, ReservationId, Settlement, Sto
 
 use super::RedisStore;
 use crate::scripts;
-use crate::scripts::args::{ARGS_PER_CHECK, push_check};
+use crate::scripts::args::{ARGS_PER_CHECK, Arg, push_check};
 use crate::scripts::exact::EXACT;
 use crate::scripts::reply::decode_replies;
 
@@ -62,7 +62,7 @@ impl RedisStore {
         if !self.inner.cluster {
             let every: Vec<usize> = (0..checks.len()).collect();
             let mut args = self.script_args(checks, &every, "1", now, offset, None)?;
-            args.push(ttl.to_string());
+            args.push(Arg::uint(ttl));
             keys.push(record);
             let mut values = self
                 .eval_each(&scripts::RESERVE, &[(keys.as_slice(), args.as_slice())])
@@ -86,10 +86,10 @@ impl RedisStore {
             return Ok(sluice_core::unconsumed(checks, decisions));
         }
         let mut args = Vec::with_capacity(2 + checks.len() * ITEMS_PER_CHECK);
-        args.push(offset.to_string());
-        args.push(ttl.to_string());
+        args.push(Arg::int(offset));
+        args.push(Arg::uint(ttl));
         for ((check, key), reply) in checks.iter().zip(keys).zip(&replies) {
-            args.push(key);
+            args.push(Arg::Text(key));
             push_check(&mut args, check.policy, check.cost, now, &reply.token)?;
         }
         // Should this fail, the checks stay consumed: the reservation counts as used in full,
@@ -168,19 +168,19 @@ impl RedisStore {
             .iter()
             .map(|group| group.iter().map(|&i| keys[i].clone()).collect())
             .collect();
-        let group_args: Vec<Vec<String>> = groups
+        let group_args: Vec<Vec<Arg>> = groups
             .iter()
             .map(|group| {
                 let mut args = Vec::with_capacity(2 + group.len() * ARGS_PER_CHECK);
-                args.push(offset.to_string());
-                args.push(
+                args.push(Arg::int(offset));
+                args.push(Arg::Text(
                     group
                         .iter()
                         .map(|&i| if adjustments[i].0 { 'c' } else { '-' })
                         .collect(),
-                );
+                ));
                 for &i in group {
-                    args.extend(adjustments[i].1.iter().cloned());
+                    args.extend(adjustments[i].1.iter().map(|a| Arg::text(a)));
                 }
                 args
             })
@@ -220,7 +220,7 @@ impl RedisStore {
             groups
                 .iter()
                 .map(|group| self.script_args(checks, group, mode, now, offset, None))
-                .collect::<StoreResult<Vec<Vec<String>>>>()
+                .collect::<StoreResult<Vec<Vec<Arg>>>>()
         };
         let given = calls(&gives, "", now)?;
         let peeked = calls(&peeks, "0", now)?;
@@ -248,10 +248,7 @@ impl RedisStore {
 }
 
 /// Script calls for [`RedisStore::eval_each`]: each group's keys beside its arguments.
-fn calls_of<'a>(
-    keys: &'a [Vec<String>],
-    args: &'a [Vec<String>],
-) -> Vec<(&'a [String], &'a [String])> {
+fn calls_of<'a>(keys: &'a [Vec<String>], args: &'a [Vec<Arg>]) -> Vec<(&'a [String], &'a [Arg])> {
     keys.iter()
         .zip(args)
         .map(|(k, a)| (k.as_slice(), a.as_slice()))

@@ -21,7 +21,14 @@ pub fn push_check(
     now: Timestamp,
     token: &str,
 ) -> Result<(), StoreError> {
-    args::push_check(args, policy, cost, now, token)
+    let mut pushed = Vec::new();
+    args::push_check(&mut pushed, policy, cost, now, token)?;
+    args.extend(
+        pushed
+            .iter()
+            .map(|a| String::from_utf8_lossy(a.as_ref()).into_owned()),
+    );
+    Ok(())
 }
 
 /// Decodes the check script's reply for checks with these `limits`, in order, as the store
