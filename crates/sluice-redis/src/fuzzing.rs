@@ -19,7 +19,10 @@ pub fn reply_readers_agree(resp: &[u8]) -> bool {
     let Ok(Some((ours, used))) = crate::pipe::parse_reply(resp) else {
         return true;
     };
-    match (ours, redis::parse_redis_value(&resp[..used]).and_then(|v| v.extract_error())) {
+    match (
+        ours,
+        redis::parse_redis_value(&resp[..used]).and_then(|v| v.extract_error()),
+    ) {
         (Ok(a), Ok(b)) => a == b,
         (Err(a), Err(b)) => a.code() == b.code(),
         _ => false,

@@ -594,6 +594,9 @@ fn parse_value(bytes: &[u8], depth: usize) -> Result<Option<(Value, usize)>, Red
     let Some(end) = line_end(bytes) else {
         return Ok(None);
     };
+    if end == 0 {
+        return Err(protocol_error("a line with no type"));
+    }
     let line = &bytes[1..end];
     let after = end + 2;
     let number = || -> Result<i64, RedisError> {
@@ -604,7 +607,10 @@ fn parse_value(bytes: &[u8], depth: usize) -> Result<Option<(Value, usize)>, Red
     };
     let value = match bytes[0] {
         b'+' if line == b"OK" => Value::Okay,
-        b'+' => Value::SimpleString(String::from_utf8_lossy(line).into_owned()),
+        b'+' => Value::SimpleString(
+            String::from_utf8(line.to_vec())
+                .map_err(|_| protocol_error("a simple string that is not UTF-8"))?,
+        ),
         // The crate's own parser, so that the error's kind (`NOSCRIPT`, `BUSY`, `READONLY`…)
         // is the one the rest of the store matches on.
         b'-' => redis::parse_redis_value(&bytes[..after])?,
@@ -720,7 +726,10 @@ mod tests {
     #[test]
     fn bytes_that_are_not_resp_are_refused() {
         for bytes in [
-            &b"?1\r\n"[..],
+            &b"\r\n:\r 7\r"[..],
+            b"+\xd4\r\n",
+            b"*1\r\n\r\n",
+            b"?1\r\n",
             b":x\r\n",
             b"$3\r\nabcd\r\n",
             b"*99999999999999999999\r\n",
