@@ -471,31 +471,67 @@ impl Pipe {
 }
 
 /// `EVALSHA sha numkeys keys… args…` for `script`, packed for the wire.
+///
+/// Sized exactly first, then written in place: one copy per part, where growing the buffer
+/// part by part cost three copies and three capacity checks for each of a check's dozen parts.
 pub(crate) fn pack_eval_sha<A: AsRef<[u8]>>(
     script: &'static Script,
     keys: &[String],
     args: &[A],
 ) -> Vec<u8> {
-    let count = 3 + keys.len() + args.len();
-    let bytes = 64
-        + script.sha.len()
-        + 16 * count
-        + keys.iter().map(String::len).sum::<usize>()
-        + args.iter().map(|a| a.as_ref().len()).sum::<usize>();
-    let mut out = Vec::with_capacity(bytes);
-    push_header(&mut out, b'*', count);
-    push_bulk(&mut out, b"EVALSHA");
-    push_bulk(&mut out, script.sha.as_bytes());
     let mut digits = [0u8; 21];
-    let at = decimal(keys.len(), &mut digits);
-    push_bulk(&mut out, &digits[at..]);
-    for key in keys {
-        push_bulk(&mut out, key.as_bytes());
-    }
-    for arg in args {
-        push_bulk(&mut out, arg.as_ref());
+    let from = decimal(keys.len(), &mut digits);
+    let numkeys = &digits[from..];
+    let fixed: [&[u8]; 3] = [b"EVALSHA", script.sha.as_bytes(), numkeys];
+    let parts = || {
+        let keys = keys.iter().map(String::as_bytes);
+        fixed
+            .into_iter()
+            .chain(keys)
+            .chain(args.iter().map(AsRef::as_ref))
+    };
+    let count = 3 + keys.len() + args.len();
+    let len = header_len(count)
+        + parts()
+            .map(|p| header_len(p.len()) + p.len() + 2)
+            .sum::<usize>();
+    let mut out = vec![0u8; len];
+    let mut at = put_header(&mut out, 0, b'*', count);
+    for part in parts() {
+        at = put_header(&mut out, at, b'$', part.len());
+        out[at..at + part.len()].copy_from_slice(part);
+        out[at + part.len()..at + part.len() + 2].copy_from_slice(b"\r\n");
+        at += part.len() + 2;
     }
     out
+}
+
+/// The length of `*n\r\n` or `$n\r\n`.
+fn header_len(n: usize) -> usize {
+    let mut digits = 1;
+    let mut rest = n / 10;
+    while rest > 0 {
+        digits += 1;
+        rest /= 10;
+    }
+    digits + 3
+}
+
+/// Writes `kind`, `n` in decimal and CRLF at `at` in `out`; returns where they end.
+fn put_header(out: &mut [u8], at: usize, kind: u8, n: usize) -> usize {
+    let end = at + header_len(n);
+    out[at] = kind;
+    out[end - 2..end].copy_from_slice(b"\r\n");
+    let mut i = end - 2;
+    let mut rest = n;
+    loop {
+        i -= 1;
+        out[i] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            return end;
+        }
+    }
 }
 
 /// `command`, a packed `EVALSHA`, as the `EVAL` of `script` with the same keys and arguments.

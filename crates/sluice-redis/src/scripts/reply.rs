@@ -31,13 +31,8 @@ pub(crate) fn decode_replies(
     let mut replies = Vec::with_capacity(limits.len());
     for limit in limits {
         let mut field = || fields.next().ok_or_else(|| bad("too few values"));
-        let mut int = || {
-            let f = field()?;
-            std::str::from_utf8(f)
-                .ok()
-                .and_then(|f| f.parse::<i64>().ok())
-                .ok_or_else(|| bad("a non-integer where an integer belongs"))
-        };
+        let mut int =
+            || integer(field()?).ok_or_else(|| bad("a non-integer where an integer belongs"));
         let nanos = |i: i64| Duration::from_nanos(u64::try_from(i).unwrap_or(0));
         let allowed = int()? == 1;
         let remaining = u64::try_from(int()?).unwrap_or(0);
@@ -66,4 +61,56 @@ pub(crate) fn decode_replies(
         return Err(bad("too many values"));
     }
     Ok(replies)
+}
+
+/// `field` as a decimal integer (digits, after a `-` if negative), as Lua writes one.
+fn integer(field: &[u8]) -> Option<i64> {
+    let (negative, digits) = match field.split_first() {
+        Some((b'-', digits)) => (true, digits),
+        _ => (false, field),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    // Counted below zero, where i64 reaches one further.
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_sub(i64::from(d - b'0'))?;
+    }
+    if negative { Some(n) } else { n.checked_neg() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// Whatever the field, it reads as the standard parser reads it, but for a `+` sign,
+        /// which Lua never writes.
+        #[test]
+        fn integers_read_as_the_standard_parser_reads_them(field in "[-+]?[0-9a]{0,21}") {
+            let expected = field.parse::<i64>().ok().filter(|_| !field.starts_with('+'));
+            proptest::prop_assert_eq!(integer(field.as_bytes()), expected);
+        }
+    }
+
+    #[test]
+    fn the_extremes_read_whole() {
+        for n in [0, -1, i64::MAX, i64::MIN] {
+            assert_eq!(integer(n.to_string().as_bytes()), Some(n));
+        }
+        for field in [
+            "",
+            "-",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "1-",
+            " 1",
+        ] {
+            assert_eq!(integer(field.as_bytes()), None, "{field}");
+        }
+    }
 }
