@@ -84,6 +84,14 @@ impl Limiter {
                 answers: Answers::One(answer),
             };
         }
+        // On the heap: its groups, joins and fallbacks make a future of about 1.5 KiB, which
+        // every request's future would otherwise carry and copy into its box, used or not.
+        Box::pin(self.check_many(request, plan)).await
+    }
+
+    /// [`Limiter::check`] of any plan but a single enforced limit.
+    async fn check_many(&self, request: &LimitRequest, plan: &Plan) -> Checked {
+        let checks = &plan.checks;
 
         // Envoy's per-descriptor hits_addend on Envoy-style limits is counted as Envoy counts
         // it, first and on its own; when it goes over an ordinary limit, the request is refused
@@ -255,9 +263,9 @@ impl Limiter {
             },
             Err(e) => {
                 let on_error = |_| c.rule.on_store_error;
-                let ds = self
-                    .without_store(std::slice::from_ref(&check), on_error, &e)
-                    .await;
+                // On the heap, as above: the fallback's future is large and seldom needed.
+                let ds =
+                    Box::pin(self.without_store(std::slice::from_ref(&check), on_error, &e)).await;
                 Answer {
                     decision: ds[0],
                     store_failed: true,
