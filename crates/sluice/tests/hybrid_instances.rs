@@ -264,6 +264,22 @@ async fn redis_killed_mid_run_makes_no_error_answers_and_limits_hold_again() {
     })
     .await;
     redis.restart();
+    // Each instance's breaker opened while Redis was away, and closes once a call gets through
+    // to the restarted Redis; until then, requests follow `on_store_error`. (A sync with no keys
+    // to send keeps the lag low without asking Redis, so the lag alone does not show that.)
+    eventually("every instance's breaker closes again", || {
+        let (client, urls) = (client.clone(), urls.clone());
+        async move {
+            for url in &urls {
+                let closed = r#"sluice_store_breaker_state{state="closed"}"#;
+                if metric(&client, url, closed).await != Some(1.0) {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
     eventually("every instance syncs again", || {
         let (client, urls) = (client.clone(), urls.clone());
         async move {
