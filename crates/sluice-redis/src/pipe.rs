@@ -480,7 +480,7 @@ pub(crate) fn pack_eval_sha<A: AsRef<[u8]>>(
     args: &[A],
 ) -> Vec<u8> {
     let mut digits = [0u8; 21];
-    let from = decimal(keys.len(), &mut digits);
+    let from = decimal(keys.len() as u64, &mut digits);
     let numkeys = &digits[from..];
     let fixed: [&[u8]; 3] = [b"EVALSHA", script.sha.as_bytes(), numkeys];
     let parts = || {
@@ -522,16 +522,8 @@ fn put_header(out: &mut [u8], at: usize, kind: u8, n: usize) -> usize {
     let end = at + header_len(n);
     out[at] = kind;
     out[end - 2..end].copy_from_slice(b"\r\n");
-    let mut i = end - 2;
-    let mut rest = n;
-    loop {
-        i -= 1;
-        out[i] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            return end;
-        }
-    }
+    decimal(n as u64, &mut out[at + 1..end - 2]);
+    end
 }
 
 /// `command`, a packed `EVALSHA`, as the `EVAL` of `script` with the same keys and arguments.
@@ -594,14 +586,15 @@ fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
 /// a few bytes costs about as much as writing them.
 fn push_header(out: &mut Vec<u8>, kind: u8, n: usize) {
     let mut head = [0u8; 24];
-    let at = decimal(n, &mut head[..22]);
+    let at = decimal(n as u64, &mut head[..22]);
     head[at - 1] = kind;
     head[22..].copy_from_slice(b"\r\n");
     out.extend_from_slice(&head[at - 1..]);
 }
 
-/// Writes `n` in decimal at the end of `buf` (of 21 bytes or more); returns where it starts.
-fn decimal(mut n: usize, buf: &mut [u8]) -> usize {
+/// Writes `n` in decimal at the end of `buf` (room for its digits, 20 at most); returns where
+/// it starts.
+pub(crate) fn decimal(mut n: u64, buf: &mut [u8]) -> usize {
     let mut at = buf.len();
     loop {
         at -= 1;

@@ -35,16 +35,7 @@ impl Arg {
     /// `n` in decimal.
     pub(crate) fn int(n: i64) -> Self {
         let mut bytes = [0u8; INLINE];
-        let mut at = INLINE;
-        let mut rest = n.unsigned_abs();
-        loop {
-            at -= 1;
-            bytes[at] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-            if rest == 0 {
-                break;
-            }
-        }
+        let mut at = crate::pipe::decimal(n.unsigned_abs(), &mut bytes);
         if n < 0 {
             at -= 1;
             bytes[at] = b'-';
