@@ -491,3 +491,47 @@ async fn script_calls_use_the_urls_user_and_database_and_survive_a_closed_connec
         .unwrap();
     assert_eq!(check(1).await.unwrap()[0].remaining, 47);
 }
+
+/// Replies larger than the connection's read buffer, in pieces and many at once, each reach the
+/// call that asked for it, after `SCRIPT FLUSH` too (every call first answered `NOSCRIPT`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_replies_in_pieces_reach_their_calls() {
+    static REPEAT: std::sync::LazyLock<sluice_redis::Script> = std::sync::LazyLock::new(|| {
+        sluice_redis::Script::assemble("return string.rep(ARGV[1], tonumber(ARGV[2]))")
+    });
+    let server = RedisServer::start();
+    let store = RedisStore::connect(
+        &server.url(),
+        test_options().timeout(Duration::from_secs(10)),
+    )
+    .await
+    .unwrap();
+    for round in 0..2 {
+        if round == 1 {
+            server.command(&["SCRIPT", "FLUSH"]).unwrap();
+        }
+        let tasks: Vec<_> = (0..40u32)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    // Every fourth reply is short; the others from 20 KiB to about 800 KiB.
+                    let len = if i % 4 == 0 { 3 } else { 20_000 * i as usize };
+                    let byte = char::from(b'a' + (i % 26) as u8).to_string();
+                    let key = [format!("big{i}")];
+                    let args = [byte.clone(), len.to_string()];
+                    let calls = [(&key[..], &args[..])];
+                    let reply = store.eval_each(&REPEAT, &calls).await.unwrap();
+                    (byte, len, reply)
+                })
+            })
+            .collect();
+        for task in tasks {
+            let (byte, len, mut reply) = task.await.unwrap();
+            let sluice_redis::Value::BulkString(bytes) = reply.remove(0) else {
+                panic!("not a string");
+            };
+            assert_eq!(bytes.len(), len);
+            assert!(bytes.iter().all(|b| *b == byte.as_bytes()[0]));
+        }
+    }
+}
