@@ -191,8 +191,10 @@ impl Connection {
         deadline: Instant,
     ) -> RedisResult<Value> {
         let Some(batches) = &self.batches else {
+            // On the heap: the crate's call is a large future, and this one is awaited in place
+            // by every decision on a batched connection.
             let cmd = eval_sha_cmd(script, keys, args);
-            return self.link.eval_sha_by(&cmd, script, deadline).await;
+            return Box::pin(self.link.eval_sha_by(&cmd, script, deadline)).await;
         };
         let (reply, answer) = oneshot::channel();
         let call = Call {

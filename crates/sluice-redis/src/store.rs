@@ -500,12 +500,10 @@ impl RedisStore {
         } else {
             let (values, first_error) = self
                 .guarded_by(inner.timeout, |deadline| async move {
-                    // The call's future goes on the heap, so that the state machines around it stay
-                    // small and cheap to move; one call (every call off a Cluster) needs no join.
+                    // One call (every call off a Cluster) needs no join. Its future is small
+                    // (the crate's call, off the batch task, is on the heap of its own).
                     let replies = match calls.as_slice() {
-                        [(k, a)] => {
-                            vec![Box::pin(inner.conn.eval(check, k, a, deadline)).await]
-                        }
+                        [(k, a)] => vec![inner.conn.eval(check, k, a, deadline).await],
                         calls => {
                             join_all(
                                 calls
