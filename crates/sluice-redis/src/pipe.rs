@@ -54,14 +54,14 @@ impl Dial {
         let mut hello = Vec::new();
         let mut hello_replies = 0;
         if let Some(password) = &url.password {
-            match &url.username {
-                Some(user) => pack(&mut hello, &[b"AUTH", user.as_bytes(), password.as_bytes()]),
-                None => pack(&mut hello, &[b"AUTH", password.as_bytes()]),
-            }
+            let user = url.username.as_deref().map(str::as_bytes);
+            let auth = [b"AUTH".as_slice()].into_iter().chain(user);
+            hello.extend(pack(auth.chain([password.as_bytes()])));
             hello_replies += 1;
         }
         if url.db != 0 {
-            pack(&mut hello, &[b"SELECT", url.db.to_string().as_bytes()]);
+            let db = url.db.to_string();
+            hello.extend(pack([b"SELECT".as_slice(), db.as_bytes()].into_iter()));
             hello_replies += 1;
         }
         Dial {
@@ -74,20 +74,17 @@ impl Dial {
     }
 
     async fn connect(self: Arc<Self>) -> io::Result<Open> {
+        // Errors say nothing of where: the store names its target in front of them.
         let connecting = TcpStream::connect((self.host.as_str(), self.port));
         let stream = match tokio::time::timeout(self.connect_timeout, connecting).await {
-            Ok(connected) => connected,
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("no connection within {:?}", self.connect_timeout),
-            )),
-        }
-        .map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("redis at {}:{}: {e}", self.host, self.port),
-            )
-        })?;
+            Ok(connected) => connected?,
+            Err(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no connection within {:?}", self.connect_timeout),
+                ));
+            }
+        };
         stream.set_nodelay(true)?;
         // A second handle on the socket, to look at it without the runtime's readiness.
         let std = stream.into_std()?;
@@ -375,20 +372,18 @@ impl Pipe {
     fn answer_replies(&mut self) -> Result<(), RedisError> {
         while let Some((reply, used)) = parse_reply(&self.input[self.parsed..self.filled])? {
             self.parsed += used;
-            match self.waiting.front() {
-                None => return Err(protocol_error("a reply to no command")),
-                Some(w) if w.setup => {
-                    // `AUTH` or `SELECT`: the connection is unusable if they failed, and stays
-                    // not ready (its waiter at the front) as it closes.
-                    reply?;
-                    self.waiting.pop_front();
-                    continue;
-                }
-                Some(_) => {}
-            }
             let Some(waiter) = self.waiting.pop_front() else {
-                continue;
+                return Err(protocol_error("a reply to no command"));
             };
+            if waiter.setup {
+                // `AUTH` or `SELECT`: the connection is unusable if they failed, and stays not
+                // ready (its waiter back at the front) as it closes.
+                if let Err(e) = reply {
+                    self.waiting.push_front(waiter);
+                    return Err(e);
+                }
+                continue;
+            }
             let Some(sender) = waiter.reply else {
                 continue;
             };
@@ -471,33 +466,41 @@ impl Pipe {
 }
 
 /// `EVALSHA sha numkeys keys… args…` for `script`, packed for the wire.
-///
-/// Sized exactly first, then written in place: one copy per part, where growing the buffer
-/// part by part cost three copies and three capacity checks for each of a check's dozen parts.
 pub(crate) fn pack_eval_sha<A: AsRef<[u8]>>(
     script: &'static Script,
     keys: &[String],
     args: &[A],
 ) -> Vec<u8> {
-    let mut digits = [0u8; 21];
+    let mut digits = [0u8; 20];
     let from = decimal(keys.len() as u64, &mut digits);
-    let numkeys = &digits[from..];
-    let fixed: [&[u8]; 3] = [b"EVALSHA", script.sha.as_bytes(), numkeys];
-    let parts = || {
-        let keys = keys.iter().map(String::as_bytes);
+    let fixed: [&[u8]; 3] = [b"EVALSHA", script.sha.as_bytes(), &digits[from..]];
+    let keys = keys.iter().map(String::as_bytes);
+    pack(
         fixed
             .into_iter()
             .chain(keys)
-            .chain(args.iter().map(AsRef::as_ref))
-    };
-    let count = 3 + keys.len() + args.len();
-    let len = header_len(count)
-        + parts()
-            .map(|p| header_len(p.len()) + p.len() + 2)
-            .sum::<usize>();
-    let mut out = vec![0u8; len];
+            .chain(args.iter().map(AsRef::as_ref)),
+    )
+}
+
+/// `command`, a packed `EVALSHA`, as the `EVAL` of `script` with the same keys and arguments.
+pub(crate) fn as_eval(command: &[u8], script: &Script) -> Vec<u8> {
+    let parts = unpack(command);
+    let head: [&[u8]; 2] = [b"EVAL", script.body.as_bytes()];
+    pack(head.into_iter().chain(parts.into_iter().skip(2)))
+}
+
+/// The command of `parts`, packed for the wire (an array of bulk strings).
+///
+/// Sized exactly first, then written in place: one copy per part, where growing the buffer
+/// part by part cost three copies and three capacity checks for each of a check's dozen parts.
+fn pack<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> Vec<u8> {
+    let (count, len) = parts.clone().fold((0, 0), |(count, len), p| {
+        (count + 1, len + header_len(p.len()) + p.len() + 2)
+    });
+    let mut out = vec![0u8; header_len(count) + len];
     let mut at = put_header(&mut out, 0, b'*', count);
-    for part in parts() {
+    for part in parts {
         at = put_header(&mut out, at, b'$', part.len());
         out[at..at + part.len()].copy_from_slice(part);
         out[at + part.len()..at + part.len() + 2].copy_from_slice(b"\r\n");
@@ -524,19 +527,6 @@ fn put_header(out: &mut [u8], at: usize, kind: u8, n: usize) -> usize {
     out[end - 2..end].copy_from_slice(b"\r\n");
     decimal(n as u64, &mut out[at + 1..end - 2]);
     end
-}
-
-/// `command`, a packed `EVALSHA`, as the `EVAL` of `script` with the same keys and arguments.
-pub(crate) fn as_eval(command: &[u8], script: &Script) -> Vec<u8> {
-    let parts = unpack(command);
-    let mut out = Vec::with_capacity(command.len() + script.body.len());
-    push_header(&mut out, b'*', parts.len());
-    push_bulk(&mut out, b"EVAL");
-    push_bulk(&mut out, script.body.as_bytes());
-    for part in parts.iter().skip(2) {
-        push_bulk(&mut out, part);
-    }
-    out
 }
 
 /// The parts of a packed command (as [`pack`] writes it).
@@ -566,30 +556,6 @@ fn header(bytes: &[u8], kind: u8) -> Option<(usize, usize)> {
     (first == kind).then_some(())?;
     let n = std::str::from_utf8(&rest[..end]).ok()?.parse().ok()?;
     Some((n, end + 3))
-}
-
-/// Packs a command of `parts` onto `out`.
-fn pack(out: &mut Vec<u8>, parts: &[&[u8]]) {
-    push_header(out, b'*', parts.len());
-    for part in parts {
-        push_bulk(out, part);
-    }
-}
-
-fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
-    push_header(out, b'$', bytes.len());
-    out.extend_from_slice(bytes);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// `kind`, `n` in decimal and CRLF, copied at once: a call has a dozen of these, and a copy of
-/// a few bytes costs about as much as writing them.
-fn push_header(out: &mut Vec<u8>, kind: u8, n: usize) {
-    let mut head = [0u8; 24];
-    let at = decimal(n as u64, &mut head[..22]);
-    head[at - 1] = kind;
-    head[22..].copy_from_slice(b"\r\n");
-    out.extend_from_slice(&head[at - 1..]);
 }
 
 /// Writes `n` in decimal at the end of `buf` (room for its digits, 20 at most); returns where
