@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::Timestamp;
 use crate::algorithm::{
     ALGORITHMS, AlgorithmSpec, BucketedWindow, ConcurrencyLimit, FixedWindow, Gcra, LeakyQueue,
-    Magnitude, SlidingCounter, SlidingLog, StoreParams, TokenBucket,
+    Magnitudes, SlidingCounter, SlidingLog, StoreParams, TokenBucket,
 };
 use crate::clock::duration_nanos;
 
@@ -457,7 +457,7 @@ impl Policy {
     }
 
     /// The numbers of this policy a store computing in limited precision must hold exactly.
-    pub fn magnitudes(&self) -> Vec<Magnitude> {
+    pub fn magnitudes(&self) -> Magnitudes {
         match self {
             Policy::TokenBucket(p) => p.magnitudes(),
             Policy::Gcra(p) => p.magnitudes(),

@@ -511,6 +511,12 @@ fn pack<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> Vec<u8> {
 
 /// The length of `*n\r\n` or `$n\r\n`.
 fn header_len(n: usize) -> usize {
+    // Most parts of a call are short: their headers are read off at once.
+    match n {
+        0..=9 => return 4,
+        10..=99 => return 5,
+        _ => {}
+    }
     let mut digits = 1;
     let mut rest = n / 10;
     while rest > 0 {
@@ -522,6 +528,18 @@ fn header_len(n: usize) -> usize {
 
 /// Writes `kind`, `n` in decimal and CRLF at `at` in `out`; returns where they end.
 fn put_header(out: &mut [u8], at: usize, kind: u8, n: usize) -> usize {
+    // One or two digits, as most parts of a call have: written byte by byte.
+    if n < 10 {
+        let h = &mut out[at..at + 4];
+        (h[0], h[1], h[2], h[3]) = (kind, b'0' + n as u8, b'\r', b'\n');
+        return at + 4;
+    }
+    if n < 100 {
+        let h = &mut out[at..at + 5];
+        let (tens, ones) = (b'0' + (n / 10) as u8, b'0' + (n % 10) as u8);
+        (h[0], h[1], h[2], h[3], h[4]) = (kind, tens, ones, b'\r', b'\n');
+        return at + 5;
+    }
     let end = at + header_len(n);
     out[at] = kind;
     out[end - 2..end].copy_from_slice(b"\r\n");
@@ -749,5 +767,26 @@ mod tests {
         cmd.arg(&HEARTBEAT.body).arg(2).arg(&keys).arg(&args);
         assert_eq!(eval, cmd.get_packed_command());
         assert_eq!(unpack(&packed).len(), 8);
+    }
+
+    /// Parts whose lengths cross every width of the header's count, and calls of more than
+    /// nine and more than ninety-nine parts, pack as the crate packs them.
+    #[test]
+    fn packed_headers_of_every_width_are_the_crates() {
+        for len in [0, 1, 9, 10, 11, 99, 100, 101, 999, 1_000, 65_536] {
+            let keys = ["k".repeat(len)];
+            let args = ["a".repeat(len), "x".to_owned()];
+            let packed = pack_eval_sha(&HEARTBEAT, &keys, &args);
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&HEARTBEAT.sha).arg(1).arg(&keys).arg(&args);
+            assert_eq!(packed, cmd.get_packed_command(), "parts of {len} bytes");
+        }
+        for parts in [6, 7, 96, 97, 120] {
+            let args: Vec<String> = (0..parts).map(|i| i.to_string()).collect();
+            let packed = pack_eval_sha(&HEARTBEAT, &[], &args);
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&HEARTBEAT.sha).arg(0).arg(&args);
+            assert_eq!(packed, cmd.get_packed_command(), "{parts} arguments");
+        }
     }
 }

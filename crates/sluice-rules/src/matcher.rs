@@ -652,7 +652,12 @@ pub(crate) fn match_request<D: DescriptorEntries>(
     descriptors: &[D],
     default_cost: u64,
 ) -> Matches {
-    let mut out = Matches::default();
+    // Most descriptors make one check: room for them, so that pushing them does not grow the
+    // vector step by step.
+    let mut out = Matches {
+        checks: Vec::with_capacity(descriptors.len()),
+        unlimited: Vec::new(),
+    };
     let mut any_replaces = false;
     for (i, d) in descriptors.iter().enumerate() {
         let Some((node, shared)) = domain.find(d) else {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::Policy;
 use crate::algorithm::{DEFAULT_SUB_WINDOWS, PolicyParams};
-use crate::algorithm::{Magnitude, StoreParams};
+use crate::algorithm::{Magnitude, Magnitudes, StoreParams};
 use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
@@ -269,8 +269,8 @@ impl BucketedWindow {
 
     /// The numbers a store must hold: the window (the limit is at most `u32::MAX`, and the
     /// buckets' starts lie within the window of now).
-    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
-        vec![Magnitude::Length("window", self.window())]
+    pub(crate) fn magnitudes(&self) -> Magnitudes {
+        Magnitudes::of([Magnitude::Length("window", self.window())])
     }
 }
 

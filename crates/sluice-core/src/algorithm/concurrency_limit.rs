@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use super::expiring_log::{ExpiringLog, LogLimit};
 use crate::Policy;
-use crate::algorithm::{Magnitude, PolicyParams, StoreParams};
+use crate::algorithm::{Magnitude, Magnitudes, PolicyParams, StoreParams};
 use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
@@ -155,8 +155,8 @@ impl ConcurrencyLimit {
     }
 
     /// The numbers a store must hold: the ttl (the limit is bounded far lower already).
-    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
-        vec![Magnitude::Length("ttl", self.ttl())]
+    pub(crate) fn magnitudes(&self) -> Magnitudes {
+        Magnitudes::of([Magnitude::Length("ttl", self.ttl())])
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::divisor::Divisor;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
-use crate::algorithm::{Magnitude, StoreParams};
+use crate::algorithm::{Magnitude, Magnitudes, StoreParams};
 use crate::clock::duration_nanos;
 use crate::policy::{PolicyError, nonzero_nanos};
 use crate::{Decision, Timestamp};
@@ -270,10 +270,10 @@ impl FixedWindow {
     }
 
     /// The numbers a store must hold: the limit and the window.
-    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
-        vec![
+    pub(crate) fn magnitudes(&self) -> Magnitudes {
+        Magnitudes::of([
             Magnitude::Count("limit", self.limit()),
             Magnitude::LongWindow(self.window()),
-        ]
+        ])
     }
 }

@@ -15,7 +15,7 @@ use crate::policy::{Algorithm, PolicyError, Rate};
 const MAX_HORIZON_NANOS: u64 = 100 * 365 * 86_400 * 1_000_000_000;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
-use crate::algorithm::{Magnitude, StoreParams};
+use crate::algorithm::{Magnitude, Magnitudes, StoreParams};
 use crate::clock::duration_nanos;
 use crate::{Decision, Timestamp};
 
@@ -163,12 +163,12 @@ impl Gcra {
 
     /// The numbers a store must hold: the burst, the interval, and the time the burst takes to
     /// drain, the longest its arrival time lies ahead of now.
-    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+    pub(crate) fn magnitudes(&self) -> Magnitudes {
         let interval = self.emission_interval();
-        vec![
+        Magnitudes::of([
             Magnitude::Count("burst", self.burst()),
             Magnitude::Length("emission interval", interval),
             Magnitude::Backlog("burst", self.burst(), interval),
-        ]
+        ])
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::divisor::Divisor;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
-use crate::algorithm::{Magnitude, StoreParams};
+use crate::algorithm::{Magnitude, Magnitudes, StoreParams};
 use crate::clock::duration_nanos;
 use crate::policy::{PolicyError, Rate};
 use crate::{Decision, Timestamp};
@@ -188,19 +188,20 @@ impl LeakyQueue {
     /// The numbers a store must hold: the capacity, the interval, and the time a full queue
     /// takes to drain. A queue with a rate of 0 admits nothing, so its capacity builds no
     /// backlog.
-    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
+    pub(crate) fn magnitudes(&self) -> Magnitudes {
         let interval = self.release_interval();
-        let mut numbers = vec![
+        let numbers = Magnitudes::of([
             Magnitude::Count("queue capacity", self.capacity()),
             Magnitude::Length("release interval", interval),
-        ];
+        ]);
         if self.rate.amount() > 0 {
-            numbers.push(Magnitude::Backlog(
+            numbers.and(Magnitude::Backlog(
                 "queue capacity",
                 self.capacity(),
                 interval,
-            ));
+            ))
+        } else {
+            numbers
         }
-        numbers
     }
 }

@@ -40,7 +40,7 @@ pub use spec::{
     AlgorithmSpec, Costs, DEFAULT_CONCURRENCY_TTL, DEFAULT_SUB_WINDOWS, Param, PolicyParams,
     Stores, Support,
 };
-pub use store_form::{Magnitude, StoreParams};
+pub use store_form::{Magnitude, Magnitudes, StoreParams};
 pub use token_bucket::{TokenBucket, TokenBucketState};
 
 use crate::policy::Algorithm;

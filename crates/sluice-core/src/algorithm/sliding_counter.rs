@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::divisor::Divisor;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
-use crate::algorithm::{Magnitude, StoreParams};
+use crate::algorithm::{Magnitude, Magnitudes, StoreParams};
 use crate::clock::duration_nanos;
 use crate::policy::{Algorithm, PolicyError, limit_at_most, nonzero_nanos};
 use crate::{Decision, Timestamp};
@@ -252,7 +252,7 @@ impl SlidingCounter {
     }
 
     /// The numbers a store must hold: the window (the limit is bounded far lower already).
-    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
-        vec![Magnitude::Length("window", self.window())]
+    pub(crate) fn magnitudes(&self) -> Magnitudes {
+        Magnitudes::of([Magnitude::Length("window", self.window())])
     }
 }

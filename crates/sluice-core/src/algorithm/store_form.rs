@@ -27,3 +27,57 @@ pub enum Magnitude {
     /// A refill rate, held in its lowest terms.
     Rate(Rate),
 }
+
+/// The numbers of one policy that a store must hold exactly, at most three, held inline: a
+/// store checks them before every call, so they allocate nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Magnitudes {
+    items: [Option<Magnitude>; 3],
+}
+
+impl Magnitudes {
+    /// These `N` numbers (three at most).
+    pub(crate) fn of<const N: usize>(numbers: [Magnitude; N]) -> Self {
+        const { assert!(N <= 3, "a policy has at most three magnitudes") };
+        let mut items = [None; 3];
+        for (slot, number) in items.iter_mut().zip(numbers) {
+            *slot = Some(number);
+        }
+        Magnitudes { items }
+    }
+
+    /// These numbers and `number` after them, if there is room (there is for every algorithm's).
+    pub(crate) fn and(mut self, number: Magnitude) -> Self {
+        if let Some(slot) = self.items.iter_mut().find(|slot| slot.is_none()) {
+            *slot = Some(number);
+        }
+        self
+    }
+}
+
+impl IntoIterator for Magnitudes {
+    type Item = Magnitude;
+    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<Magnitude>, 3>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.into_iter().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn magnitudes_keep_their_order() {
+        let a = Magnitude::Count("limit", 5);
+        let b = Magnitude::Length("window", Duration::from_secs(1));
+        let c = Magnitude::LongWindow(Duration::from_secs(2));
+        let all: Vec<Magnitude> = Magnitudes::of([a, b]).and(c).into_iter().collect();
+        assert_eq!(all, [a, b, c]);
+        assert_eq!(Magnitudes::of([]).into_iter().count(), 0);
+        // A fourth has no room; no algorithm has one.
+        let full: Vec<Magnitude> = Magnitudes::of([a, b, c]).and(a).into_iter().collect();
+        assert_eq!(full, [a, b, c]);
+    }
+}

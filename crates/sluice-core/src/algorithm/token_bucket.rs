@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::divisor::Divisor;
 use crate::Policy;
 use crate::algorithm::PolicyParams;
-use crate::algorithm::{Magnitude, StoreParams};
+use crate::algorithm::{Magnitude, Magnitudes, StoreParams};
 use crate::policy::{PolicyError, Rate};
 use crate::{Decision, Timestamp};
 
@@ -211,11 +211,11 @@ impl TokenBucket {
     }
 
     /// The numbers a store must hold: the capacity and the rate.
-    pub(crate) fn magnitudes(&self) -> Vec<Magnitude> {
-        vec![
+    pub(crate) fn magnitudes(&self) -> Magnitudes {
+        Magnitudes::of([
             Magnitude::Count("capacity", self.capacity),
             Magnitude::Rate(self.refill),
-        ]
+        ])
     }
 }
 

@@ -98,7 +98,9 @@ impl JsonDescriptor {
         c.object(|c, field| {
             match field {
                 "entries" => {
-                    let mut entries = Vec::new();
+                    // Room for the usual descriptor's entries, so that the first few do not
+                    // grow the vector one by one.
+                    let mut entries = Vec::with_capacity(2);
                     c.array(|c| {
                         entries.push(JsonEntry::parse_plain(c)?);
                         Some(())
@@ -317,7 +319,7 @@ impl JsonRequest {
         let mut c = Cursor::new(text);
         let mut request = JsonRequest {
             domain: String::new(),
-            descriptors: Vec::new(),
+            descriptors: Vec::with_capacity(1),
             hits_addend: None,
             cost: None,
         };
