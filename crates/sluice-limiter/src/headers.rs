@@ -105,7 +105,12 @@ pub(crate) fn rate_limit_headers<'a>(
         // Written in this thread's scratch strings and copied out at their length: one
         // allocation for each value, where a string of its own and the `Bytes` that took it
         // over cost two (these are built for every answer).
-        SCRATCH.with_borrow_mut(|(policy, state)| {
+        SCRATCH.with_borrow_mut(|scratch| {
+            let Scratch {
+                policy,
+                state,
+                last_policy,
+            } = scratch;
             policy.clear();
             state.clear();
             for (i, l) in shown.enumerate() {
@@ -129,7 +134,19 @@ pub(crate) fn rate_limit_headers<'a>(
                 state.push_str(";t=");
                 push_u64(state, ceil_secs(l.decision.reset_after));
             }
-            push(&mut out, &RATELIMIT_POLICY, policy);
+            // The policy field is the same from one answer to the next as long as the same
+            // limits apply: the last one built is shared rather than copied and checked again.
+            match last_policy {
+                Some((text, value)) if *text == *policy => {
+                    out.push((RATELIMIT_POLICY.clone(), value.clone()));
+                }
+                _ => {
+                    push(&mut out, &RATELIMIT_POLICY, policy);
+                    if let Some((_, value)) = out.last() {
+                        *last_policy = Some((policy.clone(), value.clone()));
+                    }
+                }
+            }
             push(&mut out, &RATELIMIT, state);
         });
     }
@@ -145,9 +162,22 @@ pub(crate) fn rate_limit_headers<'a>(
     out
 }
 
+/// Where the IETF fields' values are written before they are copied out, and the last
+/// `RateLimit-Policy` value with its text.
+struct Scratch {
+    policy: String,
+    state: String,
+    last_policy: Option<(String, HeaderValue)>,
+}
+
 thread_local! {
-    /// Where the IETF fields' values are written before they are copied out.
-    static SCRATCH: RefCell<(String, String)> = const { RefCell::new((String::new(), String::new())) };
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch {
+            policy: String::new(),
+            state: String::new(),
+            last_policy: None,
+        })
+    };
 }
 
 /// Writes `n` in decimal, as `Display` does, without going through a formatter.
@@ -268,6 +298,34 @@ mod tests {
             headers[0].1.to_str().unwrap(),
             r#""slots";q=10;qu="concurrent-requests", "minute";q=10;w=60"#
         );
+    }
+
+    /// The policy field is reused while the same limits apply, and rebuilt as soon as they
+    /// differ: by name, by quota or by window.
+    #[test]
+    fn the_policy_field_follows_the_limits_that_apply() {
+        let minute = |n| {
+            Policy::from(
+                FixedWindow::new(n, Duration::from_secs(60), Alignment::FirstRequest).unwrap(),
+            )
+        };
+        let hour = Policy::from(
+            FixedWindow::new(10, Duration::from_secs(3_600), Alignment::FirstRequest).unwrap(),
+        );
+        let d = decision(true, 9, 100, 0);
+        let policy_of = |l: LimitResult| {
+            let headers = rate_limit_headers([l].iter(), HeaderStyle::Ietf);
+            headers[0].1.to_str().unwrap().to_owned()
+        };
+        let ten = minute(10);
+        for _ in 0..2 {
+            assert_eq!(policy_of(limit("a", &ten, &d)), r#""a";q=10;w=60"#);
+        }
+        assert_eq!(policy_of(limit("b", &ten, &d)), r#""b";q=10;w=60"#);
+        let five = Decision { limit: 5, ..d };
+        assert_eq!(policy_of(limit("b", &minute(5), &five)), r#""b";q=5;w=60"#);
+        assert_eq!(policy_of(limit("b", &hour, &d)), r#""b";q=10;w=3600"#);
+        assert_eq!(policy_of(limit("a", &ten, &d)), r#""a";q=10;w=60"#);
     }
 
     #[test]
