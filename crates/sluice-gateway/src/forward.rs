@@ -4,12 +4,14 @@
 
 use std::cell::RefCell;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::{FutureExt, future};
 use http::header::{
     CONNECTION, CONTENT_TYPE, Entry, HOST, HeaderName, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE,
     TRAILER, TRANSFER_ENCODING, UPGRADE,
@@ -119,11 +121,11 @@ impl Forward {
     }
 
     /// Sends `request` upstream: the answer's head, its body streaming, or why there is none.
-    pub(crate) async fn send(
+    pub(crate) fn send(
         &self,
         request: Request<RequestBody>,
-    ) -> Result<Response<UpstreamBody>, Failure> {
-        self.0.forward(request).await
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + Send + 'static {
+        self.0.forward(request)
     }
 }
 
@@ -147,13 +149,16 @@ impl Target {
         Uri::from_parts(parts).ok()
     }
 
-    async fn forward(
-        &self,
+    /// Sends `request` upstream. Not an `async fn`, for the reason `UpstreamPool::send` gives:
+    /// the request is prepared here and handed on, so that the future holds it only once, in
+    /// the pool's sending; the answer is looked at by [`answered`](Self::answered).
+    fn forward(
+        self: &Arc<Self>,
         mut request: Request<RequestBody>,
-    ) -> Result<Response<UpstreamBody>, Failure> {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + Send + 'static {
         let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let Some(uri) = self.upstream_uri(request.uri()) else {
-            return Err(Failure::BadTarget);
+            return future::Either::Left(future::ready(Err(Failure::BadTarget)));
         };
         // Keep the client's Host, as most APIs behind a gateway expect; h2 clients send
         // `:authority` instead, which becomes Host. HTTP/1.1 requires one, so a client that
@@ -174,7 +179,20 @@ impl Target {
         if let Some(ip) = peer {
             append_forwarded_for(request.headers_mut(), ip);
         }
-        match self.pool.send(request, self.timeout).await {
+        let target = Arc::clone(self);
+        future::Either::Right(
+            self.pool
+                .send(request, self.timeout)
+                .map(move |answer| target.answered(answer)),
+        )
+    }
+
+    /// The upstream's answer, its hop-by-hop fields gone, or why there is none.
+    fn answered(
+        &self,
+        answer: Result<Response<UpstreamBody>, UpstreamError>,
+    ) -> Result<Response<UpstreamBody>, Failure> {
+        match answer {
             Ok(mut response) => {
                 strip_hop_by_hop(response.headers_mut());
                 Ok(response)
@@ -207,13 +225,12 @@ impl Service<Request<ClientBody>> for Forward {
     }
 
     fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
-        let target = Arc::clone(&self.0);
-        Box::pin(async move {
-            Ok(match target.forward(request.map(Either::Left)).await {
+        Box::pin(self.0.forward(request.map(Either::Left)).map(|answer| {
+            Ok(match answer {
                 Ok(response) => response.map(Either::Left),
                 Err(failure) => failure.response(),
             })
-        })
+        }))
     }
 }
 
@@ -345,6 +362,27 @@ mod tests {
             h.append(*k, HeaderValue::from_static(v));
         }
         h
+    }
+
+    /// The future every forwarded request moves into its box holds the request's parts once:
+    /// as nested `async fn`s it held the request or its parts six times over (2,160 bytes for
+    /// `Target::forward`, 2,440 with its caller's block; 920 now).
+    #[test]
+    fn a_forwarding_future_stays_small() {
+        let options = GatewayOptions::new(Vec::new(), Uri::from_static("http://127.0.0.1:9"));
+        let mut forward = Forward::new(&options).unwrap();
+        let request = Request::builder()
+            .uri("/api/items/1")
+            .body(ClientBody::whole(Bytes::new()))
+            .unwrap();
+        let sending = forward.0.forward(request.map(Either::Left));
+        let size = std::mem::size_of_val(&sending);
+        assert!(size <= 1_024, "{size} bytes");
+        let request = Request::new(ClientBody::whole(Bytes::new()));
+        let call = forward.call(request);
+        // What the box holds: the forwarding future and what maps its answer.
+        let boxed = std::mem::size_of_val(&*call);
+        assert!(boxed <= 1_024, "{boxed} bytes");
     }
 
     #[test]

@@ -30,6 +30,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future;
 use http::header::EXPECT;
 use http::{Method, Request, Response, request};
 use http_body::Body;
@@ -148,29 +149,34 @@ impl UpstreamPool {
     /// Sends `request` and returns the answer's head, which must come within `timeout`; its
     /// body streams from the upstream. HTTP/1.1 wants an origin-form target and a `Host`
     /// field, h2 an absolute URI.
-    pub(crate) async fn send(
+    ///
+    /// Not an `async fn`: an `async fn`'s future keeps its arguments for its whole life, beside
+    /// whatever it moves them into, so the request (264 bytes) would sit in it next to its own
+    /// parts. Here it is taken apart before the future exists. Only the common case, a whole
+    /// body on the gateway's own client, is a future of its own, awaited in place by the
+    /// caller; the others are boxed, so that the future every request moves into its box is
+    /// as small as that case needs and not as large as hyper's or h2's handshakes.
+    pub(crate) fn send(
         self: &Arc<Self>,
         request: Request<RequestBody>,
         timeout: Duration,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + 'static {
         let deadline = Instant::now() + timeout;
-        // Only the common case, a whole body on the gateway's own client, is awaited in place:
-        // the others are boxed, so this future (moved into its box by every request) is as
-        // small as that case needs and not as large as hyper's or h2's handshakes.
+        let pool = Arc::clone(self);
         if self.h2 {
-            return Box::pin(within(deadline, self.send_h2(request))).await;
+            return future::Either::Right(Box::pin(async move {
+                within(deadline, pool.send_h2(request)).await
+            }) as Sending);
         }
         let (parts, body) = request.into_parts();
         match carried(&parts, body) {
-            Carried::Whole(body) => self.send_h1(parts, body, deadline).await,
-            Carried::Short(body) => Box::pin(self.send_short(parts, body, deadline)).await,
-            Carried::Hyper(body) => {
-                Box::pin(within(
-                    deadline,
-                    self.send_hyper(Request::from_parts(parts, body)),
-                ))
-                .await
-            }
+            Carried::Whole(body) => future::Either::Left(pool.send_h1(parts, body, deadline)),
+            Carried::Short(body) => future::Either::Right(Box::pin(async move {
+                pool.send_short(parts, body, deadline).await
+            }) as Sending),
+            Carried::Hyper(body) => future::Either::Right(Box::pin(async move {
+                within(deadline, pool.send_hyper(Request::from_parts(parts, body))).await
+            }) as Sending),
         }
     }
 
@@ -189,15 +195,31 @@ impl UpstreamPool {
                 .map_err(|e| UpstreamError::Exchange(std::io::Error::other(e)))
         };
         let body = within(deadline, read).await?;
-        self.send_h1(parts, Some(body), deadline).await
+        self.send_h1_in_place(&parts, Some(body), deadline).await
     }
 
     /// Sends a request whose body is whole on the gateway's own client, once more on a new
     /// connection when a reused one ended before the upstream can have acted on it (see the
     /// module's doc).
-    async fn send_h1(
-        self: &Arc<Self>,
+    ///
+    /// An `async` block rather than an `async fn`, for the reason [`send`](Self::send) gives:
+    /// the block keeps `parts` once, where an `async fn` would keep a second copy.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would keep a second copy of `parts`"
+    )]
+    fn send_h1(
+        self: Arc<Self>,
         parts: request::Parts,
+        body: Option<Bytes>,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + 'static {
+        async move { self.send_h1_in_place(&parts, body, deadline).await }
+    }
+
+    async fn send_h1_in_place(
+        self: &Arc<Self>,
+        parts: &request::Parts,
         body: Option<Bytes>,
         deadline: Instant,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
@@ -206,13 +228,13 @@ impl UpstreamPool {
             // A new connection is the rare case: its connect and timer wait boxed.
             None => (Box::pin(self.connect_h1(deadline)).await?, false),
         };
-        let head = match connection.exchange(&parts, body.as_ref(), deadline).await {
+        let head = match connection.exchange(parts, body.as_ref(), deadline).await {
             Ok(head) => head,
             Err(e) if e.timed_out => return Err(UpstreamError::TimedOut),
             Err(e) if reused && (e.unsent || (e.unanswered && parts.method.is_idempotent())) => {
                 tracing::debug!(error = %e.error, "a kept-alive upstream connection had closed; sending again");
                 connection = Box::pin(self.connect_h1(deadline)).await?;
-                match connection.exchange(&parts, body.as_ref(), deadline).await {
+                match connection.exchange(parts, body.as_ref(), deadline).await {
                     Ok(head) => head,
                     Err(e) if e.timed_out => return Err(UpstreamError::TimedOut),
                     Err(e) => return Err(UpstreamError::Exchange(e.error)),
@@ -362,6 +384,9 @@ impl UpstreamPool {
         Ok(stream)
     }
 }
+
+/// A request being sent on a path other than the common one, on the heap.
+type Sending = Pin<Box<dyn Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send>>;
 
 /// `work`, or [`UpstreamError::TimedOut`] if it has not finished by `deadline`.
 async fn within<T>(

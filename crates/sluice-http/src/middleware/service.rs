@@ -83,11 +83,14 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
+        // Taken apart and its descriptors extracted here, before the future exists: the future
+        // (moved whole into its box) then holds the parts once, not the request beside them.
+        let (parts, body) = request.into_parts();
+        let extracted = shared.extract(&parts);
         Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let (headers, held) = match shared.extract(&parts) {
+            let (headers, held) = match &extracted {
                 None => (Vec::new(), None),
-                Some(ex) => match shared.enforcer.enforce_held(&ex).await {
+                Some(ex) => match shared.enforcer.enforce_held(ex).await {
                     (Enforcement::Forward(headers), held) => (headers, held),
                     (Enforcement::Respond(r), _) => return Ok(r.map(Either::Right)),
                 },
