@@ -253,7 +253,7 @@ mod tests {
 
     /// A decision's future is copied into its box whole, on every request: the rare paths
     /// (several limits, refunds, the store's fallback) stay on the heap of their own, so that
-    /// it stays small (2,048 bytes before; 384 now).
+    /// it stays small (2,048 bytes before; 384 now). A reservation's future too.
     #[test]
     fn a_decisions_future_stays_small() {
         let dir = tempfile::tempdir().unwrap();
@@ -270,6 +270,14 @@ mod tests {
             std::mem::size_of_val(&decision) <= 512,
             "{} bytes",
             std::mem::size_of_val(&decision)
+        );
+        // A reservation's likewise: its store failure and its shadow limits on the heap when
+        // there are any (880 bytes before).
+        let reservation = limiter.reserve(&request, 1, None);
+        assert!(
+            std::mem::size_of_val(&reservation) <= 512,
+            "{} bytes",
+            std::mem::size_of_val(&reservation)
         );
     }
 }
