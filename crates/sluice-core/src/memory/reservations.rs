@@ -1,6 +1,6 @@
 //! The memory store's reservations: what each took, until it is settled or forgotten.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -48,6 +48,9 @@ pub(crate) struct Claim {
     pub(crate) taken_at: Timestamp,
 }
 
+/// The most settled records one reservation makes give way for it when the bound is reached.
+const SETTLED_BATCH: usize = 64;
+
 /// Every live reservation of one store, up to a bound.
 #[derive(Debug)]
 pub(crate) struct Reservations {
@@ -59,6 +62,9 @@ pub(crate) struct Reservations {
 #[derive(Debug, Default)]
 struct Records {
     by_id: HashMap<u128, Record>,
+    /// The settled records' ids, in the order they were settled: the first to give way when
+    /// the bound is reached. An id whose record has gone meanwhile is skipped.
+    settled: VecDeque<u128>,
     /// When a sweep that freed nothing saw the bound reached, the earliest `forget_at` left:
     /// until then another sweep cannot free anything, so a full registry refuses without
     /// scanning every record again for each request.
@@ -66,6 +72,22 @@ struct Records {
 }
 
 impl Records {
+    /// Drops up to `most` (at least one) settled records, those settled first; answers how
+    /// many went. Each costs one map removal, so a registry kept full by a high rate of
+    /// reservations gives way a few records at a time, never all at once.
+    fn drop_first_settled(&mut self, most: usize) -> usize {
+        let mut dropped = 0;
+        while dropped < most.max(1) {
+            let Some(id) = self.settled.pop_front() else {
+                break;
+            };
+            if self.by_id.remove(&id).is_some() {
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
     /// Drops up to `most` (at least one) of the records closed by `now`, settled or expired,
     /// those forgotten soonest first; answers how many went. A quarter of the bound at a time,
     /// so that a registry kept full by a high rate of reservations sorts its records once per
@@ -98,16 +120,21 @@ impl Reservations {
         }
     }
 
-    /// Makes sure one more can be recorded at `now`, dropping records if the bound is reached:
-    /// first the forgotten ones, then, oldest first, those only kept to tell a later settle why
-    /// it is refused (settled or expired: a second settle of one dropped early answers
-    /// [`Settlement::Unknown`] instead, and gives back nothing either way). Only open
-    /// reservations hold the bound. Called before the checks consume, so that a full registry
-    /// refuses the request rather than consuming units nobody could give back.
+    /// Makes sure one more can be recorded at `now`, dropping records if the bound is reached,
+    /// records only kept to tell a later settle why it is refused (a second settle of one
+    /// dropped early answers [`Settlement::Unknown`] instead, and gives back nothing either
+    /// way): first settled ones, those settled first, a few at a time; when there are none,
+    /// the forgotten ones, then the expired ones forgotten soonest. Only open reservations
+    /// hold the bound. Called before the checks consume, so that a full registry refuses the
+    /// request rather than consuming units nobody could give back.
     pub(crate) fn make_room(&self, now: Timestamp) -> StoreResult<()> {
         let mut records = lock(&self.records);
         let full = Err(StoreError::Full { max_keys: self.max });
         if records.by_id.len() < self.max {
+            return Ok(());
+        }
+        // Settled records first, a few at a time: no pass over the whole registry.
+        if records.drop_first_settled(self.max.div_ceil(4).min(SETTLED_BATCH)) > 0 {
             return Ok(());
         }
         if now < records.nothing_to_forget_before {
@@ -157,6 +184,7 @@ impl Reservations {
         let mut guard = lock(&self.records);
         let Records {
             by_id: records,
+            settled,
             nothing_to_forget_before,
         } = &mut *guard;
         let Some(record) = records.get_mut(&id.as_u128()) else {
@@ -173,6 +201,7 @@ impl Reservations {
             return Err(Settlement::Expired);
         }
         record.settled = true;
+        settled.push_back(id.as_u128());
         // A settled record can make room at once.
         *nothing_to_forget_before = Timestamp::EPOCH;
         // A settled record answers only `AlreadySettled` from now on: its holds go to the
@@ -185,10 +214,12 @@ impl Reservations {
 
     /// Drops every record forgotten by `now`; returns how many.
     pub(crate) fn sweep(&self, now: Timestamp) -> usize {
-        let records = &mut lock(&self.records).by_id;
-        let before = records.len();
-        records.retain(|_, r| r.forget_at > now);
-        before - records.len()
+        let mut guard = lock(&self.records);
+        let Records { by_id, settled, .. } = &mut *guard;
+        let before = by_id.len();
+        by_id.retain(|_, r| r.forget_at > now);
+        settled.retain(|id| by_id.contains_key(id));
+        before - by_id.len()
     }
 
     /// How many reservations are remembered, settled and expired ones included.
@@ -225,25 +256,58 @@ mod tests {
         START.saturating_add(Duration::from_millis(millis))
     }
 
-    /// Settled and expired records give way to new reservations, those forgotten soonest first;
-    /// open ones never do.
+    /// Settled records give way to new reservations, those settled first; open ones never do.
     #[test]
-    fn a_full_registry_drops_closed_records_before_refusing() {
+    fn a_full_registry_drops_settled_records_before_refusing() {
         let registry = full(8);
         let later = at(1_000);
         for id in [5, 1, 3] {
             registry.claim(ReservationId::from_u128(id), later).unwrap();
         }
-        // Full: a quarter of the bound goes, the two settled records forgotten soonest.
+        // Full: a quarter of the bound goes, the two records settled first.
         registry.make_room(later).unwrap();
         assert_eq!(registry.len(), 6);
         let settle = |id: u128| registry.claim(ReservationId::from_u128(id), later).err();
+        assert_eq!(settle(5), Some(Settlement::Unknown), "dropped");
         assert_eq!(settle(1), Some(Settlement::Unknown), "dropped");
-        assert_eq!(settle(3), Some(Settlement::Unknown), "dropped");
-        assert_eq!(settle(5), Some(Settlement::AlreadySettled), "kept");
+        assert_eq!(settle(3), Some(Settlement::AlreadySettled), "kept");
         for open in [0, 2, 4, 6, 7] {
             assert!(settle(open).is_none(), "{open} is still open and settles");
         }
+    }
+
+    /// A registry kept full by reservations settled as they come gives way a few settled
+    /// records at a time, each in turn, and never refuses: no reservation waits for a pass
+    /// over the whole registry.
+    #[test]
+    fn a_registry_kept_full_gives_way_a_few_records_at_a_time() {
+        let max = 1_024;
+        let registry = full(max);
+        for id in 0..max {
+            registry
+                .claim(ReservationId::from_u128(id.into()), at(id))
+                .unwrap();
+        }
+        for id in max..4 * max {
+            let now = at(id);
+            registry.make_room(now).expect("a settled record gives way");
+            assert!(registry.len() < 1_024);
+            assert!(
+                registry.len() >= 1_024 - SETTLED_BATCH,
+                "{} left",
+                registry.len()
+            );
+            registry.insert(ReservationId::from_u128(id.into()), Box::new([]), now, TTL);
+            registry
+                .claim(ReservationId::from_u128(id.into()), now)
+                .unwrap();
+        }
+        // The records settled last are still told apart from ones never seen.
+        let last = ReservationId::from_u128((4 * max - 1).into());
+        assert_eq!(
+            registry.claim(last, at(4 * max)).err(),
+            Some(Settlement::AlreadySettled)
+        );
     }
 
     /// Open records hold the bound until the first of them expires.
