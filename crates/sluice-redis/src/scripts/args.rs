@@ -34,12 +34,15 @@ const INLINE: usize = 22;
 impl Arg {
     /// `n` in decimal.
     pub(crate) fn int(n: i64) -> Self {
-        let mut digits = itoa::Buffer::new();
-        let text = digits.format(n).as_bytes();
         let mut bytes = [0u8; INLINE];
-        bytes[..text.len()].copy_from_slice(text);
+        let mut at = crate::pipe::decimal(n.unsigned_abs(), &mut bytes);
+        if n < 0 {
+            at -= 1;
+            bytes[at] = b'-';
+        }
+        bytes.copy_within(at.., 0);
         Arg::Inline {
-            len: text.len() as u8,
+            len: (INLINE - at) as u8,
             bytes,
         }
     }
