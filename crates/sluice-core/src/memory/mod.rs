@@ -382,7 +382,7 @@ impl<C: Clock> MemoryStore<C> {
     /// The checks of a reservation, and its record when they all admit: see [`Store::reserve`].
     fn reserve_now(&self, checks: &[Check<'_>], lease: Lease<'_>) -> StoreResult<Vec<Decision>> {
         let now = self.clock.now();
-        self.reservations.make_room(now)?;
+        self.reservations.make_room(*lease.id, now)?;
         // One check, as most reservations are, goes the way of a single `/v1/check`: one
         // fingerprint, kept for the hold, and none of the multi-key path's vectors.
         let (decisions, holds) = match checks {

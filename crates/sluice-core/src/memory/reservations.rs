@@ -51,12 +51,35 @@ pub(crate) struct Claim {
 /// The most settled records one reservation makes give way for it when the bound is reached.
 const SETTLED_BATCH: usize = 64;
 
-/// Every live reservation of one store, up to a bound.
+/// Every live reservation of one store, up to a bound, in shards by id.
+///
+/// A reservation and its settle lock one shard, and a shard's map grows by doubling on its
+/// own: one map of a million records stopped every reservation for a third of a second each
+/// time it doubled, while a shard moves at most its share. Each shard holds at most its equal
+/// share of the bound; ids are uniformly random, so the shares fill evenly.
 #[derive(Debug)]
 pub(crate) struct Reservations {
-    records: Mutex<Records>,
+    shards: Box<[PaddedRecords]>,
+    /// `shards.len() - 1`; the shard count is a power of two.
+    mask: usize,
+    /// The most records one shard holds.
+    share: usize,
+    /// The bound, as a refusal reports it.
     max: usize,
 }
+
+/// The fewest records a shard's share of the bound is, while there is more than one shard:
+/// a small registry is one shard, whose bound is exact.
+const MIN_SHARE: usize = 2_048;
+
+/// The most shards: a million records (the default bound) in shares of about 4,000.
+const MAX_SHARDS: usize = 256;
+
+/// One shard's records on a cache line of its own, so that threads locking neighbouring
+/// shards do not share it.
+#[derive(Debug)]
+#[repr(align(128))]
+struct PaddedRecords(Mutex<Records>);
 
 /// The records, and when the first of them can be forgotten once the bound is reached.
 #[derive(Debug, Default)]
@@ -114,37 +137,54 @@ impl Records {
 impl Reservations {
     /// At most `max` reservations remembered at once.
     pub(crate) fn new(max: usize) -> Self {
+        let max = max.max(1);
+        let shards = match max / MIN_SHARE {
+            0 => 1,
+            n => (1 << n.ilog2()).min(MAX_SHARDS),
+        };
         Reservations {
-            records: Mutex::new(Records::default()),
-            max: max.max(1),
+            shards: (0..shards)
+                .map(|_| PaddedRecords(Mutex::new(Records::default())))
+                .collect(),
+            mask: shards - 1,
+            share: max.div_ceil(shards),
+            max,
         }
     }
 
-    /// Makes sure one more can be recorded at `now`, dropping records if the bound is reached,
-    /// records only kept to tell a later settle why it is refused (a second settle of one
-    /// dropped early answers [`Settlement::Unknown`] instead, and gives back nothing either
-    /// way): first settled ones, those settled first, a few at a time; when there are none,
-    /// the forgotten ones, then the expired ones forgotten soonest. Only open reservations
-    /// hold the bound. Called before the checks consume, so that a full registry refuses the
-    /// request rather than consuming units nobody could give back.
-    pub(crate) fn make_room(&self, now: Timestamp) -> StoreResult<()> {
-        let mut records = lock(&self.records);
+    /// The shard holding reservation `id`: its lowest bits, random in every id.
+    fn shard(&self, id: ReservationId) -> std::sync::MutexGuard<'_, Records> {
+        let index = (id.as_u128() as usize) & self.mask;
+        lock(&self.shards[index].0)
+    }
+
+    /// Makes sure reservation `id` can be recorded at `now`, dropping records of its shard if
+    /// the shard's share of the bound is reached, records only kept to tell a later settle why
+    /// it is refused (a second settle of one dropped early answers [`Settlement::Unknown`]
+    /// instead, and gives back nothing either way): first settled ones, those settled first, a
+    /// few at a time; when there are none, the forgotten ones, then the expired ones forgotten
+    /// soonest. Only open reservations hold the bound. Called before the checks consume, so
+    /// that a full registry refuses the request rather than consuming units nobody could give
+    /// back.
+    pub(crate) fn make_room(&self, id: ReservationId, now: Timestamp) -> StoreResult<()> {
+        let mut records = self.shard(id);
+        let share = self.share;
         let full = Err(StoreError::Full { max_keys: self.max });
-        if records.by_id.len() < self.max {
+        if records.by_id.len() < share {
             return Ok(());
         }
-        // Settled records first, a few at a time: no pass over the whole registry.
-        if records.drop_first_settled(self.max.div_ceil(4).min(SETTLED_BATCH)) > 0 {
+        // Settled records first, a few at a time: no pass over the whole shard.
+        if records.drop_first_settled(share.div_ceil(4).min(SETTLED_BATCH)) > 0 {
             return Ok(());
         }
         if now < records.nothing_to_forget_before {
             return full;
         }
         records.by_id.retain(|_, r| r.forget_at > now);
-        if records.by_id.len() < self.max {
+        if records.by_id.len() < share {
             return Ok(());
         }
-        let closed = records.drop_oldest_closed(now, self.max / 4);
+        let closed = records.drop_oldest_closed(now, share / 4);
         if closed > 0 {
             return Ok(());
         }
@@ -175,13 +215,13 @@ impl Reservations {
             forget_at: expires.saturating_add(ttl),
             settled: false,
         };
-        lock(&self.records).by_id.insert(id.as_u128(), record);
+        self.shard(id).by_id.insert(id.as_u128(), record);
     }
 
     /// Claims the reservation `id` for a settle at `now`: only the first settle of a live
     /// reservation gets its holds; every other is told why not.
     pub(crate) fn claim(&self, id: ReservationId, now: Timestamp) -> Result<Claim, Settlement> {
-        let mut guard = lock(&self.records);
+        let mut guard = self.shard(id);
         let Records {
             by_id: records,
             settled,
@@ -214,17 +254,20 @@ impl Reservations {
 
     /// Drops every record forgotten by `now`; returns how many.
     pub(crate) fn sweep(&self, now: Timestamp) -> usize {
-        let mut guard = lock(&self.records);
-        let Records { by_id, settled, .. } = &mut *guard;
-        let before = by_id.len();
-        by_id.retain(|_, r| r.forget_at > now);
-        settled.retain(|id| by_id.contains_key(id));
-        before - by_id.len()
+        let sweep_one = |shard: &PaddedRecords| {
+            let mut guard = lock(&shard.0);
+            let Records { by_id, settled, .. } = &mut *guard;
+            let before = by_id.len();
+            by_id.retain(|_, r| r.forget_at > now);
+            settled.retain(|id| by_id.contains_key(id));
+            before - by_id.len()
+        };
+        self.shards.iter().map(sweep_one).sum()
     }
 
     /// How many reservations are remembered, settled and expired ones included.
     pub(crate) fn len(&self) -> usize {
-        lock(&self.records).by_id.len()
+        self.shards.iter().map(|s| lock(&s.0).by_id.len()).sum()
     }
 }
 
@@ -239,6 +282,8 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(10);
     const START: Timestamp = Timestamp::from_secs(1_000);
+    /// An id no test records, for a reservation that only asks for room.
+    const NEW: ReservationId = ReservationId::from_u128(u128::MAX);
 
     /// A registry of `max` records, full of open reservations `0..max` taken a millisecond
     /// apart from [`START`] for [`TTL`].
@@ -246,8 +291,9 @@ mod tests {
         let registry = Reservations::new(usize::try_from(max).unwrap());
         for id in 0..max {
             let at = START.saturating_add(Duration::from_millis(id));
-            registry.make_room(at).unwrap();
-            registry.insert(ReservationId::from_u128(id.into()), Box::new([]), at, TTL);
+            let id = ReservationId::from_u128(id.into());
+            registry.make_room(id, at).unwrap();
+            registry.insert(id, Box::new([]), at, TTL);
         }
         registry
     }
@@ -265,7 +311,7 @@ mod tests {
             registry.claim(ReservationId::from_u128(id), later).unwrap();
         }
         // Full: a quarter of the bound goes, the two records settled first.
-        registry.make_room(later).unwrap();
+        registry.make_room(NEW, later).unwrap();
         assert_eq!(registry.len(), 6);
         let settle = |id: u128| registry.claim(ReservationId::from_u128(id), later).err();
         assert_eq!(settle(5), Some(Settlement::Unknown), "dropped");
@@ -290,7 +336,9 @@ mod tests {
         }
         for id in max..4 * max {
             let now = at(id);
-            registry.make_room(now).expect("a settled record gives way");
+            registry
+                .make_room(ReservationId::from_u128(id.into()), now)
+                .expect("a settled record gives way");
             assert!(registry.len() < 1_024);
             assert!(
                 registry.len() >= 1_024 - SETTLED_BATCH,
@@ -310,14 +358,94 @@ mod tests {
         );
     }
 
+    /// Ids spread as random ones do, the same in every run: SplitMix64 of `n` in both halves.
+    fn spread(n: u64) -> ReservationId {
+        let mix = |mut z: u64| {
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        let n = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ReservationId::from_u128(u128::from(mix(n)) << 64 | u128::from(mix(n ^ 1)))
+    }
+
+    /// A small registry is one shard, so its bound is exact; the default bound of a million
+    /// is 256 shares of 3,907.
+    #[test]
+    fn shards_follow_the_bound() {
+        for (max, shards, share) in [
+            (1, 1, 1),
+            (4_095, 1, 4_095),
+            (4_096, 2, 2_048),
+            (65_536, 32, 2_048),
+            (1_000_000, 256, 3_907),
+        ] {
+            let registry = Reservations::new(max);
+            assert_eq!(
+                (registry.shards.len(), registry.share),
+                (shards, share),
+                "{max}"
+            );
+        }
+    }
+
+    /// A registry in shards fills them evenly: the first refusal comes within a few percent of
+    /// the bound (94% here), never past it, and only for ids whose shard is full; a settle in that shard
+    /// makes room for it again.
+    #[test]
+    fn a_registry_in_shards_holds_its_bound_evenly() {
+        let max = 65_536;
+        let registry = Reservations::new(max);
+        let now = at(0);
+        let mut n = 0;
+        let refused = loop {
+            let id = spread(n);
+            if registry.make_room(id, now).is_err() {
+                break id;
+            }
+            registry.insert(id, Box::new([]), now, TTL);
+            n += 1;
+        };
+        let held = registry.len();
+        assert!(
+            held <= max && held * 10 >= max * 9,
+            "refused at {held} of {max}"
+        );
+        // Another shard still has room.
+        let elsewhere = (n + 1..)
+            .map(spread)
+            .find(|id| {
+                id.as_u128() as usize & registry.mask != refused.as_u128() as usize & registry.mask
+            })
+            .unwrap();
+        registry
+            .make_room(elsewhere, now)
+            .expect("its shard has room");
+        // A settle in the full shard makes room there.
+        let neighbour = (0..n)
+            .map(spread)
+            .find(|id| {
+                id.as_u128() as usize & registry.mask == refused.as_u128() as usize & registry.mask
+            })
+            .unwrap();
+        registry.claim(neighbour, now).unwrap();
+        registry
+            .make_room(refused, now)
+            .expect("the settled record gives way");
+        assert_eq!(
+            registry.claim(neighbour, now).err(),
+            Some(Settlement::Unknown)
+        );
+    }
+
     /// Open records hold the bound until the first of them expires.
     #[test]
     fn a_registry_full_of_open_records_refuses_until_one_expires() {
         let registry = full(2);
         let full_error = Err(StoreError::Full { max_keys: 2 });
-        assert_eq!(registry.make_room(at(9_999)), full_error);
+        assert_eq!(registry.make_room(NEW, at(9_999)), full_error);
         registry
-            .make_room(at(10_000))
+            .make_room(NEW, at(10_000))
             .expect("an expired record makes room");
         assert_eq!(registry.len(), 1);
     }
@@ -326,10 +454,10 @@ mod tests {
     #[test]
     fn a_settle_makes_room_in_a_full_registry() {
         let registry = full(2);
-        assert!(registry.make_room(at(5)).is_err());
+        assert!(registry.make_room(NEW, at(5)).is_err());
         registry.claim(ReservationId::from_u128(1), at(5)).unwrap();
         registry
-            .make_room(at(5))
+            .make_room(NEW, at(5))
             .expect("the settled record gives way");
         assert_eq!(registry.len(), 1);
     }
@@ -338,9 +466,9 @@ mod tests {
     #[test]
     fn forgotten_records_all_go_at_once() {
         let registry = full(2);
-        assert!(registry.make_room(at(5_000)).is_err());
+        assert!(registry.make_room(NEW, at(5_000)).is_err());
         assert_eq!(registry.len(), 2);
-        registry.make_room(at(20_001)).unwrap();
+        registry.make_room(NEW, at(20_001)).unwrap();
         assert_eq!(registry.len(), 0, "both forgotten at once");
     }
 }
