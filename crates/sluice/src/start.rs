@@ -69,14 +69,55 @@ fn raise_open_files_limit() -> u64 {
     }
 }
 
-/// Starts logging with `default_filter` and the async runtime.
+/// Starts logging with `default_filter` and the async runtime: a single-threaded one when the
+/// process has one CPU to run on (pinned to one, or a container's quota of one) or
+/// `TOKIO_WORKER_THREADS` is 1, one worker per CPU otherwise. On one CPU the multi-threaded
+/// scheduler's one worker still pays for waking and stealing across threads it never has:
+/// 3–4% of the CPU per answer on `/json` and through the gateway (`docs/BENCHMARKS.md`).
 fn start_runtime(
     format: LogFormat,
     default_filter: &str,
 ) -> anyhow::Result<tokio::runtime::Runtime> {
     init_logging(format, default_filter);
-    tokio::runtime::Builder::new_multi_thread()
+    let threads = runtime_threads(std::env::var("TOKIO_WORKER_THREADS").ok().as_deref())?;
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
+    };
+    builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")
+}
+
+/// How many threads run the service: `TOKIO_WORKER_THREADS` when set (tokio's own variable),
+/// else the CPUs the process may run on.
+fn runtime_threads(set: Option<&str>) -> anyhow::Result<usize> {
+    match set {
+        Some(text) => match text.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => anyhow::bail!("TOKIO_WORKER_THREADS must be a whole number above 0, not {text:?}"),
+        },
+        None => Ok(std::thread::available_parallelism().map_or(1, std::num::NonZero::get)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runtime_threads;
+
+    #[test]
+    fn the_runtime_has_the_threads_asked_for_or_one_per_cpu() {
+        assert_eq!(runtime_threads(Some("1")).unwrap(), 1);
+        assert_eq!(runtime_threads(Some(" 3 ")).unwrap(), 3);
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(runtime_threads(None).unwrap(), cpus);
+        for bad in ["0", "-1", "two", ""] {
+            let e = runtime_threads(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("TOKIO_WORKER_THREADS") && e.contains(bad), "{e}");
+        }
+    }
 }

@@ -109,6 +109,29 @@ fn serve_logs_a_route_key_no_rule_has_at_start() {
 }
 
 #[test]
+fn serve_refuses_a_bad_thread_count_with_a_reason() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/rules.yaml");
+    let out = sluice()
+        .args([
+            "serve",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--config", example])
+        .env("TOKIO_WORKER_THREADS", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("TOKIO_WORKER_THREADS must be a whole number above 0"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn serve_exits_non_zero_on_invalid_rules() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rules.yaml");
@@ -194,6 +217,16 @@ fn example_gateway_without_clock_windows(path: &std::path::Path) {
     std::fs::write(path, text.replace(minute, hour)).unwrap();
 }
 
+/// How many threads of process `pid` are workers of tokio's multi-threaded runtime (named
+/// `tokio-rt-worker`).
+fn runtime_workers(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "tokio-rt-worker")
+        .count()
+}
+
 #[test]
 fn proxy_limits_before_forwarding_and_reports_a_down_upstream() {
     let dir = tempfile::tempdir().unwrap();
@@ -217,6 +250,9 @@ fn proxy_limits_before_forwarding_and_reports_a_down_upstream() {
         .map_while(Result::ok)
         .any(|line| line.contains("is forwarding"));
     assert!(ready, "the proxy never said it was forwarding");
+    // One worker per CPU the process may run on.
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let workers = runtime_workers(child.0.id());
     // Nothing listens upstream: the first five /api requests are forwarded and fail with 502,
     // the sixth is refused by the limit without reaching it, and other paths are not limited.
     let statuses: Vec<u16> = (0..6).map(|_| get_status(listen, "/api/x")).collect();
@@ -224,6 +260,7 @@ fn proxy_limits_before_forwarding_and_reports_a_down_upstream() {
     drop(child);
     assert_eq!(statuses, [502, 502, 502, 502, 502, 429]);
     assert_eq!(free, 502);
+    assert_eq!(workers, if cpus == 1 { 0 } else { cpus });
 }
 
 #[test]
@@ -241,6 +278,8 @@ fn proxy_admin_listener_serves_metrics_that_move_and_counts_a_failed_reload() {
             .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
             // Only the admin endpoint reloads during the test, so exactly one reload fails.
             .args(["--reload-debounce", "1h"])
+            // A single-threaded runtime, as on one CPU: reloads run beside it all the same.
+            .env("TOKIO_WORKER_THREADS", "1")
             .env("SLUICE_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::piped())
@@ -269,6 +308,8 @@ fn proxy_admin_listener_serves_metrics_that_move_and_counts_a_failed_reload() {
         wait_for("is forwarding"),
         "the proxy never said it was forwarding"
     );
+    // No worker threads: the service runs on the thread that started it.
+    let workers = runtime_workers(child.0.id());
 
     let allowed = r#"sluice_decisions_total{domain="gateway",rule="api_per_ip",outcome="allowed"}"#;
     let limited = r#"sluice_decisions_total{domain="gateway",rule="api_per_ip",outcome="limited"}"#;
@@ -283,6 +324,7 @@ fn proxy_admin_listener_serves_metrics_that_move_and_counts_a_failed_reload() {
     let (_, after) = send(admin, "GET", "/metrics");
     drop(child);
 
+    assert_eq!(workers, 0);
     assert_eq!(statuses, [502, 502, 502, 502, 502, 429]);
     assert_eq!(status, 200);
     assert_eq!(series(&metrics, allowed), Some(5), "{metrics}");

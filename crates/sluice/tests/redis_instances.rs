@@ -55,11 +55,20 @@ struct Instance {
 
 impl Instance {
     fn start(rules: &Path, store: &str, prefix: &str) -> Instance {
-        let process = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
+        Instance::start_on(rules, store, prefix, None)
+    }
+
+    /// An instance whose runtime has `threads` threads (one is a single-threaded runtime, as
+    /// on one CPU), or one per CPU.
+    fn start_on(rules: &Path, store: &str, prefix: &str, threads: Option<&str>) -> Instance {
+        let mut builder = ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
             .args(["--store", store, "--store-prefix", prefix])
             .args(["--store-timeout-ms", "5000"])
-            .config(rules)
-            .start();
+            .config(rules);
+        if let Some(threads) = threads {
+            builder = builder.env("TOKIO_WORKER_THREADS", threads);
+        }
+        let process = builder.start();
         Instance {
             http: format!("http://{}", process.http()),
             _process: process,
@@ -148,8 +157,11 @@ async fn remaining(instance: &str, descriptor: (&str, &str)) -> u64 {
 async fn exact_across_instances(store: &str, cluster: bool) {
     let (rules, _dir) = rules_file("rules.yaml", RULES);
     let prefix = unique_prefix();
-    let instances: Vec<Instance> = (0..3)
-        .map(|_| Instance::start(&rules, store, &prefix))
+    // One on a single-threaded runtime, as a process on one CPU runs, one on two threads, one
+    // on one per CPU: the store's calls are batched per runtime either way.
+    let instances: Vec<Instance> = [Some("1"), Some("2"), None]
+        .into_iter()
+        .map(|threads| Instance::start_on(&rules, store, &prefix, threads))
         .collect();
     let urls: Vec<String> = instances.iter().map(|i| i.http.clone()).collect();
     for algorithm in ALGORITHMS {

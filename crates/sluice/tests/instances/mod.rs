@@ -13,16 +13,27 @@ use sluice_test_support::{ServeProcess, eventually_within};
 /// (5 s): on a loaded machine the default would open the circuit breaker and let the rules'
 /// `on_store_error` answer instead of the store.
 pub fn start(rules: &Path, store: &str, prefix: &str) -> ServeProcess {
+    builder(rules, store, prefix).start()
+}
+
+fn builder(rules: &Path, store: &str, prefix: &str) -> sluice_test_support::ServeBuilder {
     ServeProcess::builder(env!("CARGO_BIN_EXE_sluice"))
         .args(["--store", store, "--store-prefix", prefix])
         .args(["--store-timeout-ms", "5000"])
         .config(rules)
-        .start()
 }
 
-/// Three `sluice serve` on `store` under `prefix`, and their HTTP base URLs.
+/// Three `sluice serve` on `store` under `prefix`, and their HTTP base URLs. The first runs on
+/// a single-threaded runtime, as a process with one CPU does.
 pub fn three(rules: &Path, store: &str, prefix: &str) -> (Vec<ServeProcess>, Vec<String>) {
-    let instances: Vec<ServeProcess> = (0..3).map(|_| start(rules, store, prefix)).collect();
+    let instances: Vec<ServeProcess> = (0..3)
+        .map(|i| match i {
+            0 => builder(rules, store, prefix)
+                .env("TOKIO_WORKER_THREADS", "1")
+                .start(),
+            _ => start(rules, store, prefix),
+        })
+        .collect();
     let urls = instances.iter().map(url).collect();
     (instances, urls)
 }
