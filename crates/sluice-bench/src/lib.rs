@@ -281,14 +281,18 @@ impl Template {
     pub fn render(&self, n: u64) -> String {
         let mut out = String::with_capacity(self.pieces.iter().map(String::len).sum::<usize>() + 8);
         let mut number = itoa::Buffer::new();
-        let n = number.format(n);
+        self.render_into(number.format(n), &mut out);
+        out
+    }
+
+    /// Appends the text with `number` (a key, already in decimal) for each `{n}` to `out`.
+    pub fn render_into(&self, number: &str, out: &mut String) {
         for (i, piece) in self.pieces.iter().enumerate() {
             if i > 0 {
-                out.push_str(n);
+                out.push_str(number);
             }
             out.push_str(piece);
         }
-        out
     }
 }
 
