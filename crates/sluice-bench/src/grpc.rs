@@ -9,11 +9,8 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    RateLimitDescriptor, rate_limit_descriptor::Entry,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use http::header::{CONTENT_TYPE, TE};
 use http::{HeaderMap, HeaderValue, Uri};
 use http_body_util::{BodyExt, Full};
@@ -104,31 +101,10 @@ impl GrpcTarget {
         })
     }
 
-    fn request(&self, key: u64) -> RateLimitRequest {
-        RateLimitRequest {
-            domain: self.domain.clone(),
-            descriptors: self
-                .descriptors
-                .iter()
-                .map(|entries| RateLimitDescriptor {
-                    entries: entries
-                        .iter()
-                        .map(|(k, v)| Entry {
-                            key: k.clone(),
-                            value: v.render(key),
-                        })
-                        .collect(),
-                    ..Default::default()
-                })
-                .collect(),
-            hits_addend: self.hits,
-        }
-    }
-
     /// Call number `key` as an h2 request: the message after its five-byte prefix. The
-    /// message is written field by field, as prost writes [`Self::request`]'s (a unit test
-    /// holds them equal), without building the message's strings first; the fields are
-    /// `http`'s constants, not parsed each call.
+    /// message is written field by field, as prost writes it (a unit test holds them equal),
+    /// without building the message's strings first; the fields are `http`'s constants, not
+    /// parsed each call.
     fn call(&self, key: u64) -> Result<http::Request<Full<Bytes>>, String> {
         let mut number = itoa::Buffer::new();
         let number = number.format(key);
@@ -314,7 +290,34 @@ impl Sender for GrpcSender {
 
 #[cfg(test)]
 mod tests {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+        RateLimitDescriptor, rate_limit_descriptor::Entry,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
     use super::*;
+
+    /// Call number `key`'s message as prost builds it: what [`GrpcTarget::encode`] must write.
+    fn request(t: &GrpcTarget, key: u64) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: t.domain.clone(),
+            descriptors: t
+                .descriptors
+                .iter()
+                .map(|entries| RateLimitDescriptor {
+                    entries: entries
+                        .iter()
+                        .map(|(k, v)| Entry {
+                            key: k.clone(),
+                            value: v.render(key),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: t.hits,
+        }
+    }
 
     #[test]
     fn descriptors_parse_and_render() {
@@ -326,7 +329,7 @@ mod tests {
             1,
         )
         .unwrap();
-        let r = t.request(4);
+        let r = request(&t, 4);
         assert_eq!(r.hits_addend, 2);
         assert_eq!(r.descriptors[0].entries[0].value, "u4");
         assert_eq!(r.descriptors[0].entries[1].key, "path");
@@ -353,7 +356,7 @@ mod tests {
                 assert_eq!(call.method(), http::Method::POST);
                 let body = call.into_body();
                 let bytes = whole(body);
-                let expected = t.request(key).encode_to_vec();
+                let expected = request(&t, key).encode_to_vec();
                 assert_eq!(bytes[0], 0);
                 assert_eq!(&bytes[1..5], &(expected.len() as u32).to_be_bytes());
                 assert_eq!(&bytes[5..], &expected[..], "{descriptors:?} {key}");
