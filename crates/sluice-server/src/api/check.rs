@@ -10,7 +10,7 @@ use sluice_core::ReservationId;
 use sluice_http::problem::Problem;
 use sluice_limiter::Verdict;
 
-use super::json_out::{boolean, display, key, secs, string, uint};
+use super::json_out::{boolean, description, key, secs, string, uint};
 use super::{ApiBody, ApiState, decide, status_of};
 
 /// `POST /v1/check`.
@@ -120,7 +120,7 @@ fn descriptor_json(out: &mut Vec<u8>, verdict: &Verdict, i: usize) {
         secs(out, c.decision.delay);
         out.push(b',');
         key(out, "description");
-        display(out, c.policy());
+        description(out, c.policy());
         out.push(b',');
         key(out, "key");
         string(out, &c.key);
