@@ -108,17 +108,23 @@ fn serve_logs_a_route_key_no_rule_has_at_start() {
     assert!(text.contains("did you mean `api_key`?"), "{text}");
 }
 
+/// `sluice serve` on ports the system picks.
+fn serve_on_any_ports() -> Command {
+    let mut serve = sluice();
+    serve.args([
+        "serve",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+    ]);
+    serve
+}
+
 #[test]
 fn serve_refuses_a_bad_thread_count_with_a_reason() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/rules.yaml");
-    let out = sluice()
-        .args([
-            "serve",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-        ])
+    let out = serve_on_any_ports()
         .args(["--config", example])
         .env("TOKIO_WORKER_THREADS", "0")
         .output()
@@ -136,15 +142,8 @@ fn serve_exits_non_zero_on_invalid_rules() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rules.yaml");
     std::fs::write(&path, "domain: [\n").unwrap();
-    let out = sluice()
-        .args([
-            "serve",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--config",
-        ])
+    let out = serve_on_any_ports()
+        .arg("--config")
         .arg(&path)
         .output()
         .unwrap();
