@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use http::header::{CONTENT_TYPE, TE};
@@ -107,15 +107,13 @@ impl GrpcTarget {
     /// parsed each call.
     fn call(&self, key: u64) -> Result<http::Request<Full<Bytes>>, String> {
         let mut number = itoa::Buffer::new();
-        let number = number.format(key);
-        let message = self.encode(number);
+        // The prefix first (not compressed, then the length, filled in once it is known).
+        let mut body = vec![0u8; 5];
+        self.encode(number.format(key), &mut body);
         let len =
-            u32::try_from(message.len()).map_err(|_| "the request is too large".to_owned())?;
-        let mut body = BytesMut::with_capacity(5 + message.len());
-        body.put_u8(0);
-        body.put_u32(len);
-        body.extend_from_slice(&message);
-        let mut request = http::Request::new(Full::new(body.freeze()));
+            u32::try_from(body.len() - 5).map_err(|_| "the request is too large".to_owned())?;
+        body[1..5].copy_from_slice(&len.to_be_bytes());
+        let mut request = http::Request::new(Full::new(Bytes::from(body)));
         *request.method_mut() = http::Method::POST;
         *request.uri_mut() = self.uri.clone();
         let headers = request.headers_mut();
@@ -124,18 +122,16 @@ impl GrpcTarget {
         Ok(request)
     }
 
-    /// The `RateLimitRequest` of call `number` (its key, in decimal), encoded.
-    fn encode(&self, number: &str) -> Vec<u8> {
-        use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
+    /// The `RateLimitRequest` of call `number` (its key, in decimal), encoded onto `out`.
+    fn encode(&self, number: &str, out: &mut Vec<u8>) {
+        use prost::encoding::{WireType, encode_key, encode_varint};
         let string_field = |out: &mut Vec<u8>, tag: u32, text: &[u8]| {
             encode_key(tag, WireType::LengthDelimited, out);
             encode_varint(text.len() as u64, out);
             out.extend_from_slice(text);
         };
-        let mut out = Vec::with_capacity(64);
-        if !self.domain.is_empty() {
-            string_field(&mut out, 1, self.domain.as_bytes());
-        }
+        // The domain is never empty (`new` refuses it), so it is always written.
+        string_field(out, 1, self.domain.as_bytes());
         let mut descriptor = Vec::with_capacity(32);
         let mut entry = Vec::with_capacity(32);
         let mut value = String::with_capacity(16);
@@ -153,16 +149,12 @@ impl GrpcTarget {
                 }
                 string_field(&mut descriptor, 1, &entry);
             }
-            encode_key(2, WireType::LengthDelimited, &mut out);
-            encode_varint(descriptor.len() as u64, &mut out);
-            out.reserve(encoded_len_varint(descriptor.len() as u64) + descriptor.len());
-            out.extend_from_slice(&descriptor);
+            string_field(out, 2, &descriptor);
         }
         if self.hits != 0 {
-            encode_key(3, WireType::Varint, &mut out);
-            encode_varint(u64::from(self.hits), &mut out);
+            encode_key(3, WireType::Varint, out);
+            encode_varint(u64::from(self.hits), out);
         }
-        out
     }
 
     async fn open_h2(&self) -> Result<http2::SendRequest<Full<Bytes>>, String> {

@@ -152,10 +152,14 @@ impl Reservations {
         }
     }
 
-    /// The shard holding reservation `id`: its lowest bits, random in every id.
+    /// Which shard holds reservation `id`: its lowest bits, random in every id.
+    fn index(&self, id: ReservationId) -> usize {
+        (id.as_u128() as usize) & self.mask
+    }
+
+    /// The shard holding reservation `id`, locked.
     fn shard(&self, id: ReservationId) -> std::sync::MutexGuard<'_, Records> {
-        let index = (id.as_u128() as usize) & self.mask;
-        lock(&self.shards[index].0)
+        lock(&self.shards[self.index(id)].0)
     }
 
     /// Makes sure reservation `id` can be recorded at `now`, dropping records of its shard if
@@ -358,15 +362,15 @@ mod tests {
         );
     }
 
-    /// Ids spread as random ones do, the same in every run: SplitMix64 of `n` in both halves.
-    fn spread(n: u64) -> ReservationId {
-        let mix = |mut z: u64| {
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
-        let n = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        ReservationId::from_u128(u128::from(mix(n)) << 64 | u128::from(mix(n ^ 1)))
+    /// Random ids, the same in every run.
+    fn ids() -> impl FnMut() -> ReservationId {
+        use proptest::prelude::Rng;
+        use proptest::test_runner::{RngAlgorithm, TestRng};
+        let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+        move || {
+            let (hi, lo) = (rng.next_u64(), rng.next_u64());
+            ReservationId::from_u128(u128::from(hi) << 64 | u128::from(lo))
+        }
     }
 
     /// A small registry is one shard, so its bound is exact; the default bound of a million
@@ -390,43 +394,40 @@ mod tests {
     }
 
     /// A registry in shards fills them evenly: the first refusal comes within a few percent of
-    /// the bound (94% here), never past it, and only for ids whose shard is full; a settle in that shard
-    /// makes room for it again.
+    /// the bound (95% here), never past it, and only for ids whose shard is full; a settle in
+    /// that shard makes room for it again.
     #[test]
     fn a_registry_in_shards_holds_its_bound_evenly() {
         let max = 65_536;
         let registry = Reservations::new(max);
         let now = at(0);
-        let mut n = 0;
+        let mut next = ids();
+        let mut recorded = Vec::new();
         let refused = loop {
-            let id = spread(n);
+            let id = next();
             if registry.make_room(id, now).is_err() {
                 break id;
             }
             registry.insert(id, Box::new([]), now, TTL);
-            n += 1;
+            recorded.push(id);
         };
         let held = registry.len();
         assert!(
             held <= max && held * 10 >= max * 9,
             "refused at {held} of {max}"
         );
+        let full_shard = registry.index(refused);
         // Another shard still has room.
-        let elsewhere = (n + 1..)
-            .map(spread)
-            .find(|id| {
-                id.as_u128() as usize & registry.mask != refused.as_u128() as usize & registry.mask
-            })
+        let elsewhere = std::iter::repeat_with(&mut next)
+            .find(|&id| registry.index(id) != full_shard)
             .unwrap();
         registry
             .make_room(elsewhere, now)
             .expect("its shard has room");
         // A settle in the full shard makes room there.
-        let neighbour = (0..n)
-            .map(spread)
-            .find(|id| {
-                id.as_u128() as usize & registry.mask == refused.as_u128() as usize & registry.mask
-            })
+        let neighbour = *recorded
+            .iter()
+            .find(|&&id| registry.index(id) == full_shard)
             .unwrap();
         registry.claim(neighbour, now).unwrap();
         registry

@@ -123,22 +123,30 @@ pub(super) fn display(out: &mut Vec<u8>, value: &impl fmt::Display) {
     out.push(b'"');
 }
 
-/// A policy's description (its `Display`) as a JSON string. The last policy described on this
-/// thread keeps its text: answers describe the same few policies over and over, and writing one
-/// through `core::fmt` cost a `/v1/check` answer about 1,200 instructions.
+/// A policy's description (its `Display`) as a JSON string. The last few policies described on
+/// this thread keep their text: answers describe the same few policies over and over, and
+/// writing one through `core::fmt` cost a `/v1/check` answer about 1,200 instructions. A few,
+/// not one, so that a request under several limits does not make them take turns.
 pub(super) fn description(out: &mut Vec<u8>, policy: &Policy) {
     thread_local! {
-        static LAST: RefCell<Option<(Policy, Vec<u8>)>> = const { RefCell::new(None) };
+        static DESCRIBED: RefCell<Vec<(Policy, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     }
-    LAST.with_borrow_mut(|last| match last {
-        Some((described, text)) if described == policy => out.extend_from_slice(text),
-        _ => {
-            let start = out.len();
-            display(out, policy);
-            *last = Some((policy.clone(), out[start..].to_vec()));
+    DESCRIBED.with_borrow_mut(|described| {
+        if let Some((_, text)) = described.iter().find(|(p, _)| p == policy) {
+            out.extend_from_slice(text);
+            return;
         }
+        let start = out.len();
+        display(out, policy);
+        if described.len() == DESCRIBED_KEPT {
+            described.remove(0);
+        }
+        described.push((policy.clone(), out[start..].to_vec()));
     });
 }
+
+/// How many policies' descriptions a thread keeps.
+const DESCRIBED_KEPT: usize = 8;
 
 /// An unsigned integer.
 pub(super) fn uint(out: &mut Vec<u8>, n: u64) {
@@ -245,13 +253,21 @@ mod tests {
         }
     }
 
-    /// A policy described twice in a row, or after another, reads the same as its `Display`.
+    /// A policy described twice in a row, after another, or after more than a thread keeps,
+    /// reads the same as its `Display`.
     #[test]
     fn descriptions_are_the_policies_display() {
         use sluice_core::{Gcra, Rate, TokenBucket};
         let a = Policy::from(TokenBucket::new(10, Rate::per_second(5)).unwrap());
         let b = Policy::from(Gcra::new(Rate::per_minute(100), 3).unwrap());
-        for p in [&a, &a, &b, &a, &b, &b] {
+        let many: Vec<Policy> = (1..=2 * DESCRIBED_KEPT as u64)
+            .map(|n| Policy::from(TokenBucket::new(n, Rate::per_second(n)).unwrap()))
+            .collect();
+        let order = [&a, &a, &b, &a, &b, &b]
+            .into_iter()
+            .chain(&many)
+            .chain([&a, &many[0]]);
+        for p in order {
             assert_eq!(
                 written(|o| description(o, p)),
                 serde_json::to_string(&p.to_string()).unwrap()

@@ -26,14 +26,12 @@ fn builder(rules: &Path, store: &str, prefix: &str) -> sluice_test_support::Serv
 /// Three `sluice serve` on `store` under `prefix`, and their HTTP base URLs. The first runs on
 /// a single-threaded runtime, as a process with one CPU does.
 pub fn three(rules: &Path, store: &str, prefix: &str) -> (Vec<ServeProcess>, Vec<String>) {
-    let instances: Vec<ServeProcess> = (0..3)
-        .map(|i| match i {
-            0 => builder(rules, store, prefix)
-                .env("TOKIO_WORKER_THREADS", "1")
-                .start(),
-            _ => start(rules, store, prefix),
-        })
-        .collect();
+    let single_threaded = builder(rules, store, prefix).env("TOKIO_WORKER_THREADS", "1");
+    let instances = vec![
+        single_threaded.start(),
+        start(rules, store, prefix),
+        start(rules, store, prefix),
+    ];
     let urls = instances.iter().map(url).collect();
     (instances, urls)
 }
