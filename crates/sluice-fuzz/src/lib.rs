@@ -282,6 +282,7 @@ pub fn http1_connection(data: &[u8]) {
         let connection = sluice_http::h1_server::serve(
             server,
             answer,
+            sluice_http::h1_server::Fields::All,
             Arc::new(Builder::new(TokioExecutor::new())),
         );
         let serving = tokio::spawn(connection);

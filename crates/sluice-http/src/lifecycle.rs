@@ -35,6 +35,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::h1_server::Fields;
 use crate::serve::{
     ConnectionLimits, HttpService, ResponseBody, serve_connections, serve_connections_with,
 };
@@ -159,8 +160,8 @@ impl Lifecycle {
 
     /// Serves `bound` as [`serve`](Self::serve) does, each connection with the service
     /// `for_peer` makes for its peer ([`serve_connections_with`]): its requests carry no
-    /// `PeerAddr`.
-    pub fn serve_with<F, S, B>(&mut self, bound: Bound, for_peer: F) -> SocketAddr
+    /// `PeerAddr`, and those `fields` says are read without their fields carry none.
+    pub fn serve_with<F, S, B>(&mut self, bound: Bound, for_peer: F, fields: Fields) -> SocketAddr
     where
         F: Fn(SocketAddr) -> S + Send + 'static,
         S: HttpService<B>,
@@ -170,6 +171,7 @@ impl Lifecycle {
         self.spawn(serve_connections_with(
             bound.listener,
             for_peer,
+            fields,
             stopped,
             self.limits,
         ));

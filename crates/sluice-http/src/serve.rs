@@ -21,7 +21,7 @@ use tower_service::Service;
 
 use crate::PeerAddr;
 use crate::connection_deadlines::{Activity, Tracked, drive};
-use crate::h1_server;
+use crate::h1_server::{self, Fields};
 use crate::header_blocks::HeaderBlocks;
 use crate::request_body::RequestBody;
 use crate::send_progress::SendProgress;
@@ -143,17 +143,19 @@ pub async fn serve_connections<S, B>(
         service: service.clone(),
         peer,
     };
-    serve_connections_with(listener, for_peer, stopped, limits).await;
+    serve_connections_with(listener, for_peer, Fields::All, stopped, limits).await;
 }
 
 /// As [`serve_connections`], but each connection is served by the service `for_peer` makes for
 /// its peer, and its requests carry no [`PeerAddr`]: a service that needs the peer for only
 /// some requests is told it once a connection, where the extension costs an allocation, a
 /// hash map's insertion and its drop in every request (about 800 instructions of a `/json`
-/// answer's 21,000).
+/// answer's 21,000). Requests `fields` says the service never reads the fields of are handed
+/// over without them ([`Fields`]).
 pub async fn serve_connections_with<F, S, B>(
     listener: TcpListener,
     for_peer: F,
+    fields: Fields,
     mut stopped: watch::Receiver<bool>,
     limits: ConnectionLimits,
 ) where
@@ -243,7 +245,7 @@ pub async fn serve_connections_with<F, S, B>(
         );
         // HTTP/1.1's common case on the connection's own task; the rest, h2 included, by
         // hyper (`h1_server`).
-        let connection = h1_server::serve(stream, answer, Arc::clone(&hyper));
+        let connection = h1_server::serve(stream, answer, fields, Arc::clone(&hyper));
         let (stopped, open) = (stopped.clone(), open.clone());
         tokio::spawn(async move {
             if let Err(e) = drive(connection, activity, limits, stopped).await {

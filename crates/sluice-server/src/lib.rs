@@ -44,6 +44,7 @@ use std::time::Duration;
 
 pub use grpc_tls::GrpcTls;
 use sluice_http::admin::AdminState;
+use sluice_http::h1_server::Fields;
 use sluice_http::lifecycle::{self, BindError, Bound, Lifecycle};
 pub use sluice_http::serve::ConnectionLimits;
 use sluice_limiter::{HeaderStyle, Limiter, OpenStore};
@@ -204,7 +205,11 @@ impl Server {
         };
         let stats = envoy_stats(&options, &limiter, &mut lifecycle);
         let api = http_api(&options, &admin, stats.clone());
-        let http_addr = lifecycle.serve_with(http, move |peer| api.for_peer(peer));
+        let http_addr = lifecycle.serve_with(
+            http,
+            move |peer| api.for_peer(peer),
+            Fields::UnreadFor(api::ApiService::reads_body_only),
+        );
         serve_debug(&options, &admin, &mut lifecycle).await?;
         serve_metrics(&options, &admin, stats.clone(), &mut lifecycle).await?;
         let grpc_addr = serve_grpc(&options, &limiter, stats, grpc, &mut lifecycle).await?;

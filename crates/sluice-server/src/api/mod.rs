@@ -76,6 +76,18 @@ impl ApiService {
             ..self.clone()
         }
     }
+
+    /// Whether a request for `method` and `path` is answered from its body alone (the
+    /// decision and usage endpoints, [`call`](tower_service::Service::call)'s direct ones): its
+    /// header fields are never read, and the listener need not hand them over
+    /// (`sluice_http::h1_server::Fields`).
+    pub fn reads_body_only(method: &Method, path: &[u8]) -> bool {
+        method == Method::POST
+            && matches!(
+                path,
+                b"/json" | b"/v1/check" | b"/v1/reserve" | b"/v1/settle"
+            )
+    }
 }
 
 /// A request body the API reads.
@@ -310,5 +322,48 @@ fn status_of(verdict: &Verdict) -> StatusCode {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the endpoints answered from the body alone go without fields: a `GET`, another
+    /// path (the admin endpoints, `POST /v1/reload` among them, read `Authorization`), or a longer one keeps them.
+    #[test]
+    fn only_the_decision_and_usage_endpoints_go_without_fields() {
+        for path in ["/json", "/v1/check", "/v1/reserve", "/v1/settle"] {
+            assert!(
+                ApiService::reads_body_only(&Method::POST, path.as_bytes()),
+                "{path}"
+            );
+            assert!(
+                !ApiService::reads_body_only(&Method::GET, path.as_bytes()),
+                "{path}"
+            );
+            assert!(
+                !ApiService::reads_body_only(&Method::PUT, path.as_bytes()),
+                "{path}"
+            );
+            let longer = format!("{path}/x");
+            assert!(
+                !ApiService::reads_body_only(&Method::POST, longer.as_bytes()),
+                "{longer}"
+            );
+        }
+        for path in [
+            "/",
+            "/healthcheck",
+            "/v1/reload",
+            "/v1/overrides/d",
+            "/JSON",
+            "/json/",
+        ] {
+            assert!(
+                !ApiService::reads_body_only(&Method::POST, path.as_bytes()),
+                "{path}"
+            );
+        }
     }
 }
