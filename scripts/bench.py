@@ -714,8 +714,12 @@ def rounds(runs, runners, label):
     for r in range(runs):
         k = r % len(names)
         for name in names[k:] + names[:k]:
-            print(f"  {label}, round {r + 1}/{runs}: {name}", file=sys.stderr, flush=True)
-            out[name].append(runners[name]())
+            print(f"  {label}, round {r + 1}/{runs}: {name}", file=sys.stderr, end="", flush=True)
+            report = runners[name]()
+            # Each run's figures in the log, so that a median can be told from its spread.
+            print(f": {report['throughput']:,.0f}/s, {report.get('cpu_us', 0):.2f} µs",
+                  file=sys.stderr, flush=True)
+            out[name].append(report)
     return out
 
 

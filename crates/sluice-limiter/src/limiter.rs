@@ -20,7 +20,7 @@ pub use reserve::{InvalidReservation, ReservationTtls, Reserved, SettleRefused, 
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_core::{DynStore, MemoryStore};
 use sluice_rules::Reloader;
@@ -179,7 +179,9 @@ impl Limiter {
     /// Decides a request. Invalid requests are refused before anything is counted.
     pub async fn decide(&self, request: &LimitRequest) -> Result<Verdict, InvalidRequest> {
         request.validate()?;
-        let started = Instant::now();
+        // The time-stamp counter's clock, a few nanoseconds where std's costs about 25 (two
+        // readings a decision, for the latency histogram).
+        let started = quanta::Instant::now();
         let rules = self.rules.rules();
         let plan = Plan::new(
             &rules,
