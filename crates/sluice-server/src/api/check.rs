@@ -10,7 +10,7 @@ use sluice_core::ReservationId;
 use sluice_http::problem::Problem;
 use sluice_limiter::Verdict;
 
-use super::json_out::{boolean, description, key, secs, string, uint};
+use super::json_out::{boolean, description, key, secs, string, uint, word};
 use super::{ApiBody, ApiState, decide, status_of};
 
 /// `POST /v1/check`.
@@ -108,10 +108,10 @@ fn descriptor_json(out: &mut Vec<u8>, verdict: &Verdict, i: usize) {
         }
         out.push(b'{');
         key(out, "action");
-        string(out, c.rule.action.name());
+        word(out, c.rule.action.name());
         out.push(b',');
         key(out, "algorithm");
-        string(out, c.policy().algorithm().name());
+        word(out, c.policy().algorithm().name());
         out.push(b',');
         key(out, "allowed");
         boolean(out, c.decision.allowed);
@@ -132,7 +132,7 @@ fn descriptor_json(out: &mut Vec<u8>, verdict: &Verdict, i: usize) {
         string(out, c.name());
         out.push(b',');
         key(out, "outcome");
-        string(out, c.outcome.name());
+        word(out, c.outcome.name());
         out.push(b',');
         key(out, "remaining");
         uint(out, c.decision.remaining);
@@ -175,7 +175,7 @@ fn headers_json(out: &mut Vec<u8>, headers: &[(HeaderName, HeaderValue)]) {
             out.push(b',');
         }
         first = false;
-        string(out, name.as_str());
+        word(out, name.as_str());
         out.push(b':');
         string(out, value.to_str().unwrap_or_default());
     }
