@@ -37,7 +37,12 @@ pub(crate) type RequestBody = Either<ClientBody, Full<Bytes>>;
 
 /// Forwards requests to the upstream. Cheap to clone: clones share one [`Target`].
 #[derive(Clone)]
-pub(crate) struct Forward(Arc<Target>);
+pub(crate) struct Forward {
+    target: Arc<Target>,
+    /// The client's address when this service serves one connection ([`Forward::for_peer`]),
+    /// for `X-Forwarded-For`; otherwise the request's `PeerAddr`.
+    peer: Option<IpAddr>,
+}
 
 /// Why a request got no answer from the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,18 +111,29 @@ impl Forward {
             authority.host(),
             authority.port_u16().unwrap_or(80)
         );
-        Ok(Forward(Arc::new(Target {
-            pool: Arc::new(UpstreamPool::new(
-                address,
-                options.connect_timeout,
-                options.upstream_h2,
-            )),
-            scheme,
-            authority,
-            base: options.upstream.path().trim_end_matches('/').into(),
-            h2: options.upstream_h2,
-            timeout: options.upstream_timeout,
-        })))
+        Ok(Forward {
+            peer: None,
+            target: Arc::new(Target {
+                pool: Arc::new(UpstreamPool::new(
+                    address,
+                    options.connect_timeout,
+                    options.upstream_h2,
+                )),
+                scheme,
+                authority,
+                base: options.upstream.path().trim_end_matches('/').into(),
+                h2: options.upstream_h2,
+                timeout: options.upstream_timeout,
+            }),
+        })
+    }
+
+    /// This service for the requests of one connection from `peer`.
+    pub(crate) fn for_peer(&self, peer: IpAddr) -> Self {
+        Forward {
+            target: Arc::clone(&self.target),
+            peer: Some(peer),
+        }
     }
 
     /// Sends `request` upstream: the answer's head, its body streaming, or why there is none.
@@ -125,7 +141,7 @@ impl Forward {
         &self,
         request: Request<RequestBody>,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + Send + 'static {
-        self.0.forward(request)
+        self.target.forward(request, self.peer)
     }
 }
 
@@ -149,14 +165,16 @@ impl Target {
         Uri::from_parts(parts).ok()
     }
 
-    /// Sends `request` upstream. Not an `async fn`, for the reason `UpstreamPool::send` gives:
+    /// Sends `request` upstream, `X-Forwarded-For` naming `peer` (else the request's `PeerAddr`).
+    /// Not an `async fn`, for the reason `UpstreamPool::send` gives:
     /// the request is prepared here and handed on, so that the future holds it only once, in
     /// the pool's sending; the answer is looked at by [`answered`](Self::answered).
     fn forward(
         self: &Arc<Self>,
         mut request: Request<RequestBody>,
+        peer: Option<IpAddr>,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + Send + 'static {
-        let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        let peer = peer.or_else(|| request.extensions().get::<PeerAddr>().map(|p| p.0.ip()));
         let Some(uri) = self.upstream_uri(request.uri()) else {
             return future::Either::Left(future::ready(Err(Failure::BadTarget)));
         };
@@ -225,7 +243,7 @@ impl Service<Request<ClientBody>> for Forward {
     }
 
     fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
-        Box::pin(self.0.forward(request.map(Either::Left)).map(|answer| {
+        Box::pin(self.send(request.map(Either::Left)).map(|answer| {
             Ok(match answer {
                 Ok(response) => response.map(Either::Left),
                 Err(failure) => failure.response(),
@@ -375,7 +393,7 @@ mod tests {
             .uri("/api/items/1")
             .body(ClientBody::whole(Bytes::new()))
             .unwrap();
-        let sending = forward.0.forward(request.map(Either::Left));
+        let sending = forward.send(request.map(Either::Left));
         let size = std::mem::size_of_val(&sending);
         assert!(size <= 1_024, "{size} bytes");
         let request = Request::new(ClientBody::whole(Bytes::new()));
@@ -454,7 +472,7 @@ mod tests {
         let target = |upstream: &str, h2: bool| {
             let mut options = GatewayOptions::new(Vec::new(), upstream.parse().unwrap());
             options.upstream_h2 = h2;
-            Forward::new(&options).unwrap().0
+            Forward::new(&options).unwrap().target
         };
         let plain = target("http://127.0.0.1:9000", false);
         let uri: Uri = "/a/b?x=1".parse().unwrap();

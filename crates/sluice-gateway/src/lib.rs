@@ -212,9 +212,14 @@ impl Gateway {
             .max_delayed(options.max_delayed)
             .trust_proxies(options.trusted_proxies.iter().copied())
             .client_ip_header(options.client_ip_header);
-        let addr = lifecycle
-            .listen(options.listen, metered::Metered::new(layer, forward))
-            .await?;
+        // A service per connection, which knows its peer: the requests carry no `PeerAddr`.
+        let metered = metered::Metered::new(layer, forward);
+        let bound = sluice_http::lifecycle::bind(options.listen).await?;
+        let addr = lifecycle.serve_with(
+            bound,
+            move |peer| metered.for_peer(peer),
+            sluice_http::h1_server::Fields::All,
+        );
         lifecycle.sample(&limiter);
         let admin_addr = match options.admin_addr {
             Some(at) => {

@@ -6,6 +6,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -37,6 +38,8 @@ pub type MeteredBody = Either<SharedLimitBody<GatewayBody>, BudgetBody>;
 pub(crate) struct Metered {
     limited: SharedLimit<Forward>,
     budget: Arc<Budget>,
+    /// The client's address when this service serves one connection ([`Metered::for_peer`]).
+    peer: Option<IpAddr>,
 }
 
 /// What a budgeted request needs: the layer's extraction and limiter, and forwarding.
@@ -51,6 +54,20 @@ impl Metered {
         Metered {
             limited: layer.layer(forward.clone()),
             budget: Arc::new(Budget { layer, forward }),
+            peer: None,
+        }
+    }
+
+    /// This service for the requests of one connection from `peer`: every layer takes the
+    /// peer from here, so the listener need not add it to each request as an extension.
+    pub(crate) fn for_peer(&self, peer: SocketAddr) -> Self {
+        let ip = peer.ip();
+        let mut limited = self.limited.for_peer(ip);
+        *limited.get_mut() = self.limited.get_ref().for_peer(ip);
+        Metered {
+            limited,
+            budget: Arc::clone(&self.budget),
+            peer: Some(ip),
         }
     }
 }
@@ -78,7 +95,10 @@ impl Service<Request<ClientBody>> for Metered {
         match usage {
             Some(usage) => {
                 let budget = Arc::clone(&self.budget);
-                MeteredFuture::Budget(Box::pin(async move { budget.call(request, usage).await }))
+                let peer = self.peer;
+                MeteredFuture::Budget(Box::pin(
+                    async move { budget.call(request, usage, peer).await },
+                ))
             }
             None => MeteredFuture::Limited(self.limited.call(request)),
         }
@@ -110,18 +130,27 @@ impl Future for MeteredFuture {
 
 impl Budget {
     /// Reserves the request's estimate, forwards it, and settles with the answer's usage.
+    /// `peer` is the client's address when the service was made for its connection.
     async fn call(
         &self,
         request: Request<ClientBody>,
         usage: Arc<RouteUsage>,
+        peer: Option<IpAddr>,
     ) -> Response<BudgetBody> {
         let (mut parts, body) = request.into_parts();
         let limiter = self.layer.enforcer().limiter();
-        let Some(extracted) = self.layer.extract(&parts) else {
+        let forward = match peer {
+            Some(ip) => self.forward.for_peer(ip),
+            None => self.forward.clone(),
+        };
+        let extracted = match peer {
+            Some(ip) => self.layer.extract_from(&parts, ip),
+            None => self.layer.extract(&parts),
+        };
+        let Some(extracted) = extracted else {
             // The route builds no descriptor for this request: it passes unlimited, as any
             // route's would.
-            return self
-                .forward_unmetered(Request::from_parts(parts, Either::Left(body)))
+            return forward_unmetered(&forward, Request::from_parts(parts, Either::Left(body)))
                 .await;
         };
         let (amount, body) = match estimate(&usage.reserve, &parts.headers, body).await {
@@ -134,9 +163,7 @@ impl Budget {
             Err(e) => {
                 // As a check the limiter refuses: the request passes unlimited rather than fail.
                 tracing::warn!(error = %e, "request not limited: {e}");
-                return self
-                    .forward_unmetered(Request::from_parts(parts, body))
-                    .await;
+                return forward_unmetered(&forward, Request::from_parts(parts, body)).await;
             }
         };
         if !reserved.verdict.allowed {
@@ -153,7 +180,7 @@ impl Budget {
             parts.headers.remove(ACCEPT_ENCODING);
         }
         let mut response = match (
-            self.forward.send(Request::from_parts(parts, body)).await,
+            forward.send(Request::from_parts(parts, body)).await,
             pending,
         ) {
             (Ok(answer), Some(pending)) => {
@@ -181,11 +208,15 @@ impl Budget {
         }
         response
     }
+}
 
-    async fn forward_unmetered(&self, request: Request<RequestBody>) -> Response<BudgetBody> {
-        match self.forward.send(request).await {
-            Ok(answer) => answer.map(|b| Either::Right(Either::Left(b))),
-            Err(failure) => failure.response().map(Either::Right),
-        }
+/// `request` forwarded as it is, its answer not read for usage.
+async fn forward_unmetered(
+    forward: &Forward,
+    request: Request<RequestBody>,
+) -> Response<BudgetBody> {
+    match forward.send(request).await {
+        Ok(answer) => answer.map(|b| Either::Right(Either::Left(b))),
+        Err(failure) => failure.response().map(Either::Right),
     }
 }

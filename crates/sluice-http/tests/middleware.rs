@@ -81,6 +81,50 @@ async fn the_limit_holds_across_router_clones_and_connections() {
     assert_eq!(r.status(), 200);
 }
 
+/// A service made for one connection's peer limits by that peer, with no `PeerAddr` on the
+/// requests, and before one a request carries: the listener's word is the connection's.
+#[tokio::test]
+async fn a_service_for_one_peer_limits_by_that_peer() {
+    let (limiter, _clock, _dir) = limiter(RULES);
+    let inner = tower::service_fn(|_: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+    });
+    let service = SharedLimitLayer::new(limiter).layer(inner);
+    let ann = service.for_peer("192.0.2.1".parse().unwrap());
+    let bob = service.for_peer("192.0.2.2".parse().unwrap());
+    let bare = || Request::get("/limited").body(String::new()).unwrap();
+    let mut remaining = Vec::new();
+    for _ in 0..2 {
+        let r = ann.clone().oneshot(bare()).await.unwrap();
+        remaining.push(
+            r.headers()["x-ratelimit-remaining"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    // Said to come from Bob, but on Ann's connection: Ann's counter.
+    let mut claimed = bare();
+    claimed
+        .extensions_mut()
+        .insert(PeerAddr("192.0.2.2:1".parse().unwrap()));
+    let r = ann.clone().oneshot(claimed).await.unwrap();
+    remaining.push(
+        r.headers()["x-ratelimit-remaining"]
+            .to_str()
+            .unwrap()
+            .to_owned(),
+    );
+    assert_eq!(remaining, ["2", "1", "0"]);
+    assert_eq!(
+        ann.clone().oneshot(bare()).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let r = bob.clone().oneshot(bare()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "another peer, another counter");
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "2");
+}
+
 #[tokio::test]
 async fn a_custom_extractor_limits_by_what_the_application_says() {
     let (limiter, _clock, _dir) = limiter(RULES);

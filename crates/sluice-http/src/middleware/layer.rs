@@ -78,9 +78,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The limit request of `parts`, if it is limited.
-    pub(crate) fn extract(&self, parts: &Parts) -> Option<Extracted> {
-        let peer = peer_ip(parts);
+    /// The limit request of `parts`, if it is limited, from `peer` (else the request's own).
+    pub(crate) fn extract(&self, parts: &Parts, peer: Option<IpAddr>) -> Option<Extracted> {
+        let peer = peer.unwrap_or_else(|| peer_ip(parts));
         let rules = self.enforcer.limiter().reloader().rules();
         let gateway = rules.gateway();
         let from_rules = gateway
@@ -267,7 +267,13 @@ impl SharedLimitLayer {
     /// deciding: its route's descriptors or the application's extractor, with the client IP
     /// read behind the trusted proxies. `None` leaves the request unlimited.
     pub fn extract(&self, parts: &Parts) -> Option<Extracted> {
-        self.shared.extract(parts)
+        self.shared.extract(parts, None)
+    }
+
+    /// As [`extract`](Self::extract), for a request from `peer` (a service made for one
+    /// connection knows it), without reading the request's `PeerAddr` or `ConnectInfo`.
+    pub fn extract_from(&self, parts: &Parts, peer: IpAddr) -> Option<Extracted> {
+        self.shared.extract(parts, Some(peer))
     }
 
     /// The enforcer every clone shares.
