@@ -139,13 +139,12 @@ impl Budget {
     ) -> Response<BudgetBody> {
         let (mut parts, body) = request.into_parts();
         let limiter = self.layer.enforcer().limiter();
-        let forward = match peer {
-            Some(ip) => self.forward.for_peer(ip),
-            None => self.forward.clone(),
-        };
-        let extracted = match peer {
-            Some(ip) => self.layer.extract_from(&parts, ip),
-            None => self.layer.extract(&parts),
+        let (forward, extracted) = match peer {
+            Some(ip) => (
+                self.forward.for_peer(ip),
+                self.layer.extract_from(&parts, ip),
+            ),
+            None => (self.forward.clone(), self.layer.extract(&parts)),
         };
         let Some(extracted) = extracted else {
             // The route builds no descriptor for this request: it passes unlimited, as any

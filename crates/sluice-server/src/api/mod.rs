@@ -82,11 +82,32 @@ impl ApiService {
     /// header fields are never read, and the listener need not hand them over
     /// (`sluice_http::h1_server::Fields`).
     pub fn reads_body_only(method: &Method, path: &[u8]) -> bool {
-        method == Method::POST
-            && matches!(
-                path,
-                b"/json" | b"/v1/check" | b"/v1/reserve" | b"/v1/settle"
-            )
+        Direct::of(method, path).is_some()
+    }
+}
+
+/// The endpoints [`ApiService`] answers itself, from the body alone.
+#[derive(Debug, Clone, Copy)]
+enum Direct {
+    Json,
+    Check,
+    Reserve,
+    Settle,
+}
+
+impl Direct {
+    /// The endpoint a request for `method` and `path` is, if it is one of these.
+    fn of(method: &Method, path: &[u8]) -> Option<Direct> {
+        if method != Method::POST {
+            return None;
+        }
+        match path {
+            b"/json" => Some(Direct::Json),
+            b"/v1/check" => Some(Direct::Check),
+            b"/v1/reserve" => Some(Direct::Reserve),
+            b"/v1/settle" => Some(Direct::Settle),
+            _ => None,
+        }
     }
 }
 
@@ -113,37 +134,29 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        if request.method() == Method::POST {
+        if let Some(endpoint) = Direct::of(request.method(), request.uri().path().as_bytes()) {
             let state = Arc::clone(&self.state);
             // Each answer's future holds the body only: the request's head is dropped here, not
             // carried into the future (which is moved into its box) and dropped from there.
-            match request.uri().path() {
-                "/json" => {
-                    let body = request.into_body();
-                    return Box::pin(async move {
-                        Ok(envoy_json::answer(&state, body).await.into_response())
-                    });
+            let body = request.into_body();
+            return match endpoint {
+                Direct::Json => {
+                    Box::pin(
+                        async move { Ok(envoy_json::answer(&state, body).await.into_response()) },
+                    )
                 }
-                "/v1/check" => {
-                    let body = request.into_body();
-                    return Box::pin(async move {
-                        Ok(check::answer(&state, body).await.into_response())
-                    });
+                Direct::Check => {
+                    Box::pin(async move { Ok(check::answer(&state, body).await.into_response()) })
                 }
-                "/v1/reserve" => {
-                    let body = request.into_body();
-                    return Box::pin(async move {
-                        Ok(reserve::reserve(&state, body).await.into_response())
-                    });
+                Direct::Reserve => {
+                    Box::pin(
+                        async move { Ok(reserve::reserve(&state, body).await.into_response()) },
+                    )
                 }
-                "/v1/settle" => {
-                    let body = request.into_body();
-                    return Box::pin(async move {
-                        Ok(reserve::settle(&state, body).await.into_response())
-                    });
+                Direct::Settle => {
+                    Box::pin(async move { Ok(reserve::settle(&state, body).await.into_response()) })
                 }
-                _ => {}
-            }
+            };
         }
         if let Some(peer) = self.peer {
             request.extensions_mut().insert(PeerAddr(peer));
