@@ -14,7 +14,7 @@ mod state;
 use std::sync::{Mutex, MutexGuard};
 
 use fingerprint::{Fingerprint, Fingerprinter};
-use reservations::{Hold, Reservations};
+use reservations::{Hold, Holds, Reservations};
 use shard::Shard;
 use state::{Meta, Update, apply, decide, decide_in_place};
 
@@ -389,7 +389,7 @@ impl<C: Clock> MemoryStore<C> {
             [one] => {
                 let fp = self.fingerprints.of(one.key);
                 let d = self.check_one_at(*one, fp, now)?;
-                (vec![d], vec![Hold::of(one, fp)])
+                (vec![d], Holds::One(Hold::of(one, fp)))
             }
             many => {
                 let decisions = self.check_all_at(many, now)?;
@@ -397,12 +397,11 @@ impl<C: Clock> MemoryStore<C> {
                     .iter()
                     .map(|c| Hold::of(c, self.fingerprints.of(c.key)))
                     .collect();
-                (decisions, holds)
+                (decisions, Holds::Many(holds))
             }
         };
         if decisions.iter().all(|d| d.allowed) {
-            self.reservations
-                .insert(*lease.id, holds.into_boxed_slice(), now, lease.ttl);
+            self.reservations.insert(*lease.id, holds, now, lease.ttl);
         }
         Ok(decisions)
     }
@@ -414,11 +413,12 @@ impl<C: Clock> MemoryStore<C> {
             Ok(claim) => claim,
             Err(why) => return Ok(why),
         };
-        let reserved = claim.holds.iter().map(|h| h.cost).max().unwrap_or(0);
+        let holds = claim.holds.as_slice();
+        let reserved = holds.iter().map(|h| h.cost).max().unwrap_or(0);
         // Last check first, as the Redis store adjusts them: where two checks of a reservation
         // share a counter, a refund capped at the capacity or two charges each rounded up to
         // whole nanoseconds leave it otherwise in the other order.
-        for hold in claim.holds.iter().rev() {
+        for hold in holds.iter().rev() {
             match Adjustment::of(hold.policy.algorithm(), hold.cost, used) {
                 Some(Adjustment::Refund(units)) => {
                     self.give_back(hold.fp, &hold.policy, units, claim.taken_at, now);

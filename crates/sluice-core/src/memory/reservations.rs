@@ -1,5 +1,6 @@
 //! The memory store's reservations: what each took, until it is settled or forgotten.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -28,23 +29,42 @@ impl Hold {
     }
 }
 
-/// One reservation.
+/// What a reservation took: most take from one counter, whose hold is kept inline, so that a
+/// reservation allocates nothing of its own.
 #[derive(Debug)]
-struct Record {
-    holds: Box<[Hold]>,
+pub(crate) enum Holds {
+    /// One check.
+    One(Hold),
+    /// Several, in the order of the checks.
+    Many(Box<[Hold]>),
+}
+
+impl Holds {
+    /// The holds, in the order of the checks.
+    pub(crate) fn as_slice(&self) -> &[Hold] {
+        match self {
+            Holds::One(hold) => std::slice::from_ref(hold),
+            Holds::Many(holds) => holds,
+        }
+    }
+}
+
+/// One reservation not yet settled (expired ones included, until they are forgotten).
+#[derive(Debug)]
+struct Open {
+    holds: Holds,
     /// When its checks took their units: what a window's refund compares with its start.
     taken_at: Timestamp,
     /// Unsettled by then, it counts as used in full.
     expires: Timestamp,
     /// From then on a settle answers [`Settlement::Unknown`]: the record is dropped.
     forget_at: Timestamp,
-    settled: bool,
 }
 
 /// A settle that claimed its reservation: what to give back or charge, counter by counter.
 #[derive(Debug)]
 pub(crate) struct Claim {
-    pub(crate) holds: Box<[Hold]>,
+    pub(crate) holds: Holds,
     pub(crate) taken_at: Timestamp,
 }
 
@@ -53,7 +73,7 @@ const SETTLED_BATCH: usize = 64;
 
 /// Every live reservation of one store, up to a bound, in shards by id.
 ///
-/// A reservation and its settle lock one shard, and a shard's map grows by doubling on its
+/// A reservation and its settle lock one shard, and a shard's maps grow by doubling on their
 /// own: one map of a million records stopped every reservation for a third of a second each
 /// time it doubled, while a shard moves at most its share. Each shard holds at most its equal
 /// share of the bound; ids are uniformly random, so the shares fill evenly.
@@ -81,56 +101,84 @@ const MAX_SHARDS: usize = 256;
 #[repr(align(128))]
 struct PaddedRecords(Mutex<Records>);
 
+/// Maps by reservation id. The ids are random, but a store's caller chooses them, so they are
+/// hashed (with a seed of the process's) rather than taken as their own hash.
+type ById<V> = HashMap<u128, V, foldhash::fast::RandomState>;
+
 /// The records, and when the first of them can be forgotten once the bound is reached.
+///
+/// Open and settled records are kept apart. The open ones are the reservations in flight, a
+/// small map that the reserve and its settle find in the cache; a settled one is only read
+/// again by a repeated settle, so all it keeps is when it is forgotten. A registry kept at its
+/// bound by settled records (the normal state of a busy one, as they are kept twice their
+/// ttl) then touches a map of a million 32-byte entries once per reservation to add one and
+/// once to drop one, where it touched one of a million full records (and their holds, on the
+/// heap) three times.
 #[derive(Debug, Default)]
 struct Records {
-    by_id: HashMap<u128, Record>,
+    open: ById<Open>,
+    /// The settled records: when each is forgotten.
+    settled: ById<Timestamp>,
     /// The settled records' ids, in the order they were settled: the first to give way when
     /// the bound is reached. An id whose record has gone meanwhile is skipped.
-    settled: VecDeque<u128>,
-    /// When a sweep that freed nothing saw the bound reached, the earliest `forget_at` left:
+    settle_order: VecDeque<u128>,
+    /// When a sweep that freed nothing saw the bound reached, the earliest `expires` left:
     /// until then another sweep cannot free anything, so a full registry refuses without
     /// scanning every record again for each request.
     nothing_to_forget_before: Timestamp,
 }
 
 impl Records {
+    /// Records held, open and settled.
+    fn len(&self) -> usize {
+        self.open.len() + self.settled.len()
+    }
+
     /// Drops up to `most` (at least one) settled records, those settled first; answers how
     /// many went. Each costs one map removal, so a registry kept full by a high rate of
     /// reservations gives way a few records at a time, never all at once.
     fn drop_first_settled(&mut self, most: usize) -> usize {
         let mut dropped = 0;
         while dropped < most.max(1) {
-            let Some(id) = self.settled.pop_front() else {
+            let Some(id) = self.settle_order.pop_front() else {
                 break;
             };
-            if self.by_id.remove(&id).is_some() {
+            if self.settled.remove(&id).is_some() {
                 dropped += 1;
             }
         }
         dropped
     }
 
-    /// Drops up to `most` (at least one) of the records closed by `now`, settled or expired,
-    /// those forgotten soonest first; answers how many went. A quarter of the bound at a time,
-    /// so that a registry kept full by a high rate of reservations sorts its records once per
-    /// quarter of the bound reserved, not once per reservation.
-    fn drop_oldest_closed(&mut self, now: Timestamp, most: usize) -> usize {
-        let mut closed: Vec<(Timestamp, u128)> = self
-            .by_id
+    /// Drops every record forgotten by `now`.
+    fn drop_forgotten(&mut self, now: Timestamp) {
+        self.open.retain(|_, r| r.forget_at > now);
+        self.settled.retain(|_, &mut forget_at| forget_at > now);
+        let settled = &self.settled;
+        self.settle_order.retain(|id| settled.contains_key(id));
+    }
+
+    /// Drops up to `most` (at least one) of the open records expired by `now`, those
+    /// forgotten soonest first; answers how many went. A quarter of the bound at a time, so
+    /// that a registry kept full by a high rate of reservations sorts its records once per
+    /// quarter of the bound reserved, not once per reservation. (Settled records have all
+    /// gone first.)
+    fn drop_oldest_expired(&mut self, now: Timestamp, most: usize) -> usize {
+        let mut expired: Vec<(Timestamp, u128)> = self
+            .open
             .iter()
-            .filter(|(_, r)| r.settled || now >= r.expires)
+            .filter(|(_, r)| now >= r.expires)
             .map(|(&id, r)| (r.forget_at, id))
             .collect();
         let most = most.max(1);
-        if closed.len() > most {
-            closed.select_nth_unstable(most - 1);
-            closed.truncate(most);
+        if expired.len() > most {
+            expired.select_nth_unstable(most - 1);
+            expired.truncate(most);
         }
-        for (_, id) in &closed {
-            self.by_id.remove(id);
+        for (_, id) in &expired {
+            self.open.remove(id);
         }
-        closed.len()
+        expired.len()
     }
 }
 
@@ -174,7 +222,7 @@ impl Reservations {
         let mut records = self.shard(id);
         let share = self.share;
         let full = Err(StoreError::Full { max_keys: self.max });
-        if records.by_id.len() < share {
+        if records.len() < share {
             return Ok(());
         }
         // Settled records first, a few at a time: no pass over the whole shard.
@@ -184,17 +232,16 @@ impl Reservations {
         if now < records.nothing_to_forget_before {
             return full;
         }
-        records.by_id.retain(|_, r| r.forget_at > now);
-        if records.by_id.len() < share {
+        records.drop_forgotten(now);
+        if records.len() < share {
             return Ok(());
         }
-        let closed = records.drop_oldest_closed(now, share / 4);
-        if closed > 0 {
+        if records.drop_oldest_expired(now, share / 4) > 0 {
             return Ok(());
         }
         // Every record is open: the first to close is the first that can go.
         records.nothing_to_forget_before = records
-            .by_id
+            .open
             .values()
             .map(|r| r.expires)
             .min()
@@ -204,22 +251,15 @@ impl Reservations {
 
     /// Records a reservation whose checks consumed at `now`. It is remembered, settled or not,
     /// for twice its ttl, so that a late or repeated settle is told what happened to it.
-    pub(crate) fn insert(
-        &self,
-        id: ReservationId,
-        holds: Box<[Hold]>,
-        now: Timestamp,
-        ttl: Duration,
-    ) {
+    pub(crate) fn insert(&self, id: ReservationId, holds: Holds, now: Timestamp, ttl: Duration) {
         let expires = now.saturating_add(ttl);
-        let record = Record {
+        let record = Open {
             holds,
             taken_at: now,
             expires,
             forget_at: expires.saturating_add(ttl),
-            settled: false,
         };
-        self.shard(id).by_id.insert(id.as_u128(), record);
+        self.shard(id).open.insert(id.as_u128(), record);
     }
 
     /// Claims the reservation `id` for a settle at `now`: only the first settle of a live
@@ -227,31 +267,37 @@ impl Reservations {
     pub(crate) fn claim(&self, id: ReservationId, now: Timestamp) -> Result<Claim, Settlement> {
         let mut guard = self.shard(id);
         let Records {
-            by_id: records,
+            open,
             settled,
+            settle_order,
             nothing_to_forget_before,
         } = &mut *guard;
-        let Some(record) = records.get_mut(&id.as_u128()) else {
-            return Err(Settlement::Unknown);
+        let key = id.as_u128();
+        let Entry::Occupied(record) = open.entry(key) else {
+            return match settled.get(&key) {
+                Some(&forget_at) if now < forget_at => Err(Settlement::AlreadySettled),
+                Some(_) => {
+                    settled.remove(&key);
+                    Err(Settlement::Unknown)
+                }
+                None => Err(Settlement::Unknown),
+            };
         };
-        if now >= record.forget_at {
-            records.remove(&id.as_u128());
+        if now >= record.get().forget_at {
+            record.remove();
             return Err(Settlement::Unknown);
         }
-        if record.settled {
-            return Err(Settlement::AlreadySettled);
-        }
-        if now >= record.expires {
+        if now >= record.get().expires {
             return Err(Settlement::Expired);
         }
-        record.settled = true;
-        settled.push_back(id.as_u128());
+        // Settled, it answers only `AlreadySettled` from now on: its holds go to the settle.
+        let record = record.remove();
+        settled.insert(key, record.forget_at);
+        settle_order.push_back(key);
         // A settled record can make room at once.
         *nothing_to_forget_before = Timestamp::EPOCH;
-        // A settled record answers only `AlreadySettled` from now on: its holds go to the
-        // settle rather than being copied.
         Ok(Claim {
-            holds: std::mem::take(&mut record.holds),
+            holds: record.holds,
             taken_at: record.taken_at,
         })
     }
@@ -259,19 +305,17 @@ impl Reservations {
     /// Drops every record forgotten by `now`; returns how many.
     pub(crate) fn sweep(&self, now: Timestamp) -> usize {
         let sweep_one = |shard: &PaddedRecords| {
-            let mut guard = lock(&shard.0);
-            let Records { by_id, settled, .. } = &mut *guard;
-            let before = by_id.len();
-            by_id.retain(|_, r| r.forget_at > now);
-            settled.retain(|id| by_id.contains_key(id));
-            before - by_id.len()
+            let mut records = lock(&shard.0);
+            let before = records.len();
+            records.drop_forgotten(now);
+            before - records.len()
         };
         self.shards.iter().map(sweep_one).sum()
     }
 
     /// How many reservations are remembered, settled and expired ones included.
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(&s.0).by_id.len()).sum()
+        self.shards.iter().map(|s| lock(&s.0).len()).sum()
     }
 }
 
@@ -297,7 +341,7 @@ mod tests {
             let at = START.saturating_add(Duration::from_millis(id));
             let id = ReservationId::from_u128(id.into());
             registry.make_room(id, at).unwrap();
-            registry.insert(id, Box::new([]), at, TTL);
+            registry.insert(id, Holds::Many(Box::new([])), at, TTL);
         }
         registry
     }
@@ -349,7 +393,12 @@ mod tests {
                 "{} left",
                 registry.len()
             );
-            registry.insert(ReservationId::from_u128(id.into()), Box::new([]), now, TTL);
+            registry.insert(
+                ReservationId::from_u128(id.into()),
+                Holds::Many(Box::new([])),
+                now,
+                TTL,
+            );
             registry
                 .claim(ReservationId::from_u128(id.into()), now)
                 .unwrap();
@@ -408,7 +457,7 @@ mod tests {
             if registry.make_room(id, now).is_err() {
                 break id;
             }
-            registry.insert(id, Box::new([]), now, TTL);
+            registry.insert(id, Holds::Many(Box::new([])), now, TTL);
             recorded.push(id);
         };
         let held = registry.len();
@@ -461,6 +510,46 @@ mod tests {
             .make_room(NEW, at(5))
             .expect("the settled record gives way");
         assert_eq!(registry.len(), 1);
+    }
+
+    /// A settled record answers a second settle until twice its ttl has passed, then is
+    /// forgotten like an open one; it keeps no holds.
+    #[test]
+    fn a_settled_record_tells_a_second_settle_until_it_is_forgotten() {
+        let registry = Reservations::new(8);
+        let id = ReservationId::from_u128(7);
+        let hold = Hold {
+            fp: Fingerprint { lo: 1, hi: 2 },
+            policy: Policy::FixedWindow(
+                crate::FixedWindow::new(10, TTL, crate::Alignment::FirstRequest).unwrap(),
+            ),
+            cost: 3,
+        };
+        registry.insert(id, Holds::One(hold), at(0), TTL);
+        let claim = registry
+            .claim(id, at(1))
+            .expect("the first settle claims it");
+        assert_eq!(claim.holds.as_slice().len(), 1);
+        assert_eq!(claim.holds.as_slice()[0].cost, 3);
+        assert_eq!(claim.taken_at, at(0));
+        assert_eq!(registry.len(), 1, "still remembered, as settled");
+        assert_eq!(
+            registry.claim(id, at(19_999)).err(),
+            Some(Settlement::AlreadySettled)
+        );
+        assert_eq!(
+            registry.claim(id, at(20_000)).err(),
+            Some(Settlement::Unknown)
+        );
+        assert_eq!(
+            registry.len(),
+            0,
+            "forgotten by the settle that found it too old"
+        );
+        assert_eq!(
+            registry.claim(id, at(20_001)).err(),
+            Some(Settlement::Unknown)
+        );
     }
 
     /// Twice their ttl on, records are forgotten by one sweep, all at once.
