@@ -63,7 +63,7 @@ pub(crate) struct Connection {
 /// threads per decision: a thread woken through its event descriptor, and a context switch when
 /// both threads share a core. A batch task on the caller's own runtime hands its calls to the
 /// connection as one pipeline and gets one reply back, so only the pipeline crosses threads.
-struct Batches {
+pub(crate) struct Batches {
     /// The task on the runtime that connected, for calls from multi-threaded runtimes.
     shared: mpsc::UnboundedSender<Call>,
     /// Tasks on single-threaded runtimes, by thread; each started by the first call made there.
@@ -73,7 +73,7 @@ struct Batches {
 
 /// Where a batch task sends its calls.
 #[derive(Clone)]
-enum Sink {
+pub(crate) enum Sink {
     /// A connection of the batch task's own ([`crate::pipe`]): a standalone server over TCP.
     Own(Arc<Dial>),
     /// The `redis` crate's connection: TLS, or a Sentinel's master.
@@ -82,7 +82,7 @@ enum Sink {
 
 /// The connection proper, per topology.
 #[derive(Clone)]
-enum Link {
+pub(crate) enum Link {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
     Sentinel(Arc<SentinelConnection>),
@@ -144,21 +144,7 @@ impl Connection {
             )),
             (Link::Standalone(_) | Link::Sentinel(_), _) => Some(Sink::Crate(link.clone())),
         };
-        let batches = match sink {
-            None => None,
-            Some(sink) => {
-                let shared = start_batches(&sink);
-                let mut local = Vec::new();
-                if on_single_threaded_runtime() {
-                    local.push((std::thread::current().id(), shared.clone()));
-                }
-                Some(Arc::new(Batches {
-                    shared,
-                    local: Mutex::new(local),
-                    sink,
-                }))
-            }
-        };
+        let batches = sink.map(Batches::start);
         Ok(Connection {
             link,
             batches,
@@ -196,17 +182,7 @@ impl Connection {
             let cmd = eval_sha_cmd(script, keys, args);
             return Box::pin(self.link.eval_sha_by(&cmd, script, deadline)).await;
         };
-        let (reply, answer) = oneshot::channel();
-        let call = Call {
-            command: pipe::pack_eval_sha(script, keys, args),
-            script,
-            deadline,
-            reply,
-        };
-        if batches.send(call).is_err() {
-            return Err(batch_task_gone());
-        }
-        answer.await.unwrap_or_else(|_| Err(batch_task_gone()))
+        batches.eval(script, keys, args, deadline).await
     }
 }
 
@@ -233,6 +209,42 @@ pub(crate) fn eval_sha_cmd<A: AsRef<[u8]>>(
 }
 
 impl Batches {
+    /// Starts the batch task for `sink` on the caller's runtime.
+    pub(crate) fn start(sink: Sink) -> Arc<Batches> {
+        let shared = start_batches(&sink);
+        let mut local = Vec::new();
+        if on_single_threaded_runtime() {
+            local.push((std::thread::current().id(), shared.clone()));
+        }
+        Arc::new(Batches {
+            shared,
+            local: Mutex::new(local),
+            sink,
+        })
+    }
+
+    /// Runs `script` by `EVALSHA` in the next pipeline of the caller's batch task (by `EVAL`
+    /// when the server does not know it), answered by `deadline`.
+    pub(crate) async fn eval<A: AsRef<[u8]>>(
+        &self,
+        script: &'static Script,
+        keys: &[String],
+        args: &[A],
+        deadline: Instant,
+    ) -> RedisResult<Value> {
+        let (reply, answer) = oneshot::channel();
+        let call = Call {
+            command: pipe::pack_eval_sha(script, keys, args),
+            script,
+            deadline,
+            reply,
+        };
+        if self.send(call).is_err() {
+            return Err(batch_task_gone());
+        }
+        answer.await.unwrap_or_else(|_| Err(batch_task_gone()))
+    }
+
     /// Queues `call` for the batch task of the caller's runtime.
     fn send(&self, call: Call) -> Result<(), mpsc::error::SendError<Call>> {
         if !on_single_threaded_runtime() {

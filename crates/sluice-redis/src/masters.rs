@@ -4,7 +4,9 @@
 //!
 //! The store groups a request's script calls by master with this map, and sends each master's
 //! calls as one pipeline on that master's connection, the masters in parallel
-//! (`store/master_calls.rs`). The `redis` crate's Cluster connection cannot do this: it refuses
+//! (`store/master_calls.rs`). Over plain TCP the script calls go through a batch task per
+//! master with a connection of its own, as on a standalone server: the pipelines of concurrent
+//! requests to one master leave in one write, and the master wakes once for all of them. The `redis` crate's Cluster connection cannot do this: it refuses
 //! a pipeline whose commands fall in different slots, and it sends a whole pipeline again when
 //! one of its commands is redirected, which would run the others twice.
 //!
@@ -18,7 +20,7 @@
 //! [`REFRESH_EVERY`], in a task of its own, so that no request waits for it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
@@ -29,7 +31,8 @@ use sluice_core::BreakerState;
 
 use crate::RedisOptions;
 use crate::breaker::Breaker;
-use crate::connection::{open_manager, timed_out};
+use crate::connection::{Batches, Sink, open_manager, timed_out};
+use crate::pipe::Dial;
 use crate::url::RedisUrl;
 
 /// How many slots a Cluster has.
@@ -70,9 +73,19 @@ pub(crate) struct Master {
     pub(crate) breaker: Breaker,
     /// Opened on the first call; a `ConnectionManager` reconnects by itself after a failure.
     conn: tokio::sync::OnceCell<ConnectionManager>,
-    /// Requests written to this master's connection: one per pipeline, however many calls it
-    /// carries.
+    /// Over plain TCP, the batch tasks that carry script calls on a connection of their own,
+    /// started by the first call (see [`Masters::batches`]).
+    batches: OnceLock<Arc<Batches>>,
+    /// Requests written to this master: one per request's pipeline, however many calls it
+    /// carries (a batch task may write the pipelines of concurrent requests together).
     round_trips: AtomicU64,
+}
+
+impl Master {
+    /// Counts a request's pipeline sent to this master.
+    pub(crate) fn count_round_trip(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// One master's health, for metrics and tests: see [`crate::RedisStore::masters`].
@@ -192,6 +205,20 @@ impl Masters {
         .unwrap_or_else(|_| Err(timed_out()))
     }
 
+    /// The batch tasks of `master`'s script calls, started on the first call: each call joins
+    /// the next pipeline its runtime's task writes to the master, with the calls of concurrent
+    /// requests, as the batch task of a standalone server does (`connection.rs`). `None` over
+    /// TLS, where calls keep the `redis` crate's connection ([`Masters::send`]).
+    pub(crate) fn batches<'a>(&self, master: &'a Master) -> Option<&'a Arc<Batches>> {
+        if self.url.tls {
+            return None;
+        }
+        Some(master.batches.get_or_init(|| {
+            let dial = Dial::new(&self.url, &master.host, self.options.connect_timeout);
+            Batches::start(Sink::Own(Arc::new(dial)))
+        }))
+    }
+
     /// Opens the connection of `master`, or returns it if it is open.
     async fn connection(&self, master: &Master) -> RedisResult<ConnectionManager> {
         master
@@ -211,7 +238,7 @@ impl Masters {
     ) -> Vec<RedisResult<Value>> {
         let sent = async {
             let mut conn = self.connection(master).await?;
-            master.round_trips.fetch_add(1, Ordering::Relaxed);
+            master.count_round_trip();
             if let [cmd] = cmds {
                 return Ok(vec![cmd.query_async::<Value>(&mut conn).await]);
             }
@@ -304,6 +331,7 @@ impl SlotMap {
                                 options.breaker_cool_down,
                             ),
                             conn: tokio::sync::OnceCell::new(),
+                            batches: OnceLock::new(),
                             round_trips: AtomicU64::new(0),
                         })
                     }));

@@ -332,6 +332,52 @@ async fn a_request_on_three_masters_is_one_round_trip_per_master() {
     }
 }
 
+/// Concurrent requests whose keys live on one master share its pipeline: their calls, queued
+/// before the master's batch task runs, leave together, so the master reads 32 requests in a
+/// few reads, and each request is still decided exactly and counted as its own round trip.
+#[tokio::test]
+async fn concurrent_requests_to_one_master_share_its_writes() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url(), test_options())
+        .await
+        .unwrap();
+    let mut ids = spread(&cluster, &store, "shared", [33, 0, 0]);
+    let policy = Policy::from(TokenBucket::new(100, Rate::per_minute(1)).unwrap());
+    // Loads the script on the master, so the requests measured are all EVALSHA.
+    let warm = ids.pop().unwrap();
+    store.check(&[Check::new(&warm, &policy, 1)]).await.unwrap();
+    let master = format!("127.0.0.1:{}", cluster.nodes[0].port);
+    let trips = || {
+        store
+            .masters()
+            .into_iter()
+            .find(|m| m.address == master)
+            .map(|m| m.round_trips)
+            .expect("the store knows every master")
+    };
+    let (trips_before, (calls_before, reads_before)) = (trips(), evalshas_and_reads(&cluster, 0));
+    // Asking costs reads of its own: as many as a second asking with no request between shows.
+    let asking = evalshas_and_reads(&cluster, 0).1 - reads_before;
+    let decisions = futures_util::future::join_all(
+        ids.iter()
+            .map(|id| async { store.check(&[Check::new(id, &policy, 1)]).await }),
+    )
+    .await;
+    for d in decisions {
+        let d = d.expect("decided");
+        assert!(d[0].allowed && d[0].remaining == 99, "{d:?}");
+    }
+    let (calls, reads) = evalshas_and_reads(&cluster, 0);
+    assert_eq!(calls - calls_before, 32, "one script per request");
+    let reads = reads - reads_before - 2 * asking;
+    assert!(reads <= 4, "the master read 32 requests in {reads} reads");
+    assert_eq!(
+        trips() - trips_before,
+        32,
+        "a round trip counted per request"
+    );
+}
+
 /// A master killed (SIGKILL) on a Cluster that serves the slots it still covers: the keys of the
 /// two others are decided exactly throughout, with no store error; the dead master's keys fail
 /// until its own breaker opens, then at once. A request that needs the dead master fails at once

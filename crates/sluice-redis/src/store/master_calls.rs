@@ -118,9 +118,9 @@ impl RedisStore {
             .collect()
     }
 
-    /// Sends the calls `members` of `calls` to `master` as one pipeline, then sends again with
-    /// the script's body those that found no script (`NOSCRIPT`), and through the Cluster
-    /// connection those that were redirected.
+    /// Sends the calls `members` of `calls` to `master` as one pipeline (through its batch
+    /// task over plain TCP, the `redis` crate's connection over TLS), and then through the
+    /// Cluster connection those that were redirected.
     async fn send_group<A: AsRef<[u8]> + Sync>(
         &self,
         masters: &Arc<Masters>,
@@ -138,6 +138,51 @@ impl RedisStore {
             }))
             .await;
         };
+        let mut results = match masters.batches(master) {
+            // Queued together, before the batch task runs: one pipeline, whose calls a
+            // script the master does not know is sent again as `EVAL` by the task itself.
+            Some(batches) => {
+                master.count_round_trip();
+                join_all(members.iter().map(|&i| {
+                    let (keys, args) = calls[i];
+                    batches.eval(script, keys, args, deadline)
+                }))
+                .await
+            }
+            None => {
+                self.send_through_crate(masters, master, script, calls, members, deadline)
+                    .await
+            }
+        };
+        let redirected: Vec<usize> = (0..results.len())
+            .filter(|&n| matches!(&results[n], Err(e) if is_redirect(e)))
+            .collect();
+        if !redirected.is_empty() {
+            masters.refresh_soon();
+            let retried = join_all(redirected.iter().map(|&n| {
+                let (keys, args) = calls[members[n]];
+                conn.eval(script, keys, args, deadline)
+            }))
+            .await;
+            for (n, result) in redirected.into_iter().zip(retried) {
+                results[n] = result;
+            }
+        }
+        results
+    }
+
+    /// Sends the calls `members` of `calls` to `master` as one pipeline on the `redis` crate's
+    /// connection (TLS), then sends again with the script's body those that found no script
+    /// (`NOSCRIPT`).
+    async fn send_through_crate<A: AsRef<[u8]> + Sync>(
+        &self,
+        masters: &Arc<Masters>,
+        master: &Master,
+        script: &'static Script,
+        calls: &[(&[String], &[A])],
+        members: &[usize],
+        deadline: Instant,
+    ) -> Vec<RedisResult<Value>> {
         let cmds: Vec<redis::Cmd> = members
             .iter()
             .map(|&i| eval_sha_cmd(script, calls[i].0, calls[i].1))
@@ -153,20 +198,6 @@ impl RedisStore {
                 .collect();
             let retried = masters.send(master, &bodies, deadline).await;
             for (n, result) in unknown.into_iter().zip(retried) {
-                results[n] = result;
-            }
-        }
-        let redirected: Vec<usize> = (0..results.len())
-            .filter(|&n| matches!(&results[n], Err(e) if is_redirect(e)))
-            .collect();
-        if !redirected.is_empty() {
-            masters.refresh_soon();
-            let retried = join_all(redirected.iter().map(|&n| {
-                let (keys, args) = calls[members[n]];
-                conn.eval(script, keys, args, deadline)
-            }))
-            .await;
-            for (n, result) in redirected.into_iter().zip(retried) {
                 results[n] = result;
             }
         }
