@@ -281,6 +281,17 @@ fn evalshas_and_reads(cluster: &RedisCluster, node: usize) -> (u64, u64) {
     )
 }
 
+/// The round trips the store counts to node `node`, a master.
+fn round_trips(cluster: &RedisCluster, store: &RedisStore, node: usize) -> u64 {
+    let address = format!("127.0.0.1:{}", cluster.nodes[node].port);
+    store
+        .masters()
+        .into_iter()
+        .find(|m| m.address == address)
+        .map(|m| m.round_trips)
+        .expect("the store knows every master")
+}
+
 /// A request of five descriptors whose counters fall in five slots on the three masters (two,
 /// two and one) is one pipeline per master, sent together: each master reads it in one read
 /// and runs its slots' scripts, and the store counts one round trip to each.
@@ -298,15 +309,7 @@ async fn a_request_on_three_masters_is_one_round_trip_per_master() {
     let first = store.check(&checks).await.unwrap();
     assert!(first.iter().all(|d| d.allowed));
 
-    let trips = |i: usize| {
-        let address = format!("127.0.0.1:{}", cluster.nodes[i].port);
-        store
-            .masters()
-            .into_iter()
-            .find(|m| m.address == address)
-            .map(|m| m.round_trips)
-            .expect("the store knows every master")
-    };
+    let trips = |i: usize| round_trips(&cluster, &store, i);
     let before: Vec<_> = (0..3)
         .map(|i| (trips(i), evalshas_and_reads(&cluster, i)))
         .collect();
@@ -346,15 +349,7 @@ async fn concurrent_requests_to_one_master_share_its_writes() {
     // Loads the script on the master, so the requests measured are all EVALSHA.
     let warm = ids.pop().unwrap();
     store.check(&[Check::new(&warm, &policy, 1)]).await.unwrap();
-    let master = format!("127.0.0.1:{}", cluster.nodes[0].port);
-    let trips = || {
-        store
-            .masters()
-            .into_iter()
-            .find(|m| m.address == master)
-            .map(|m| m.round_trips)
-            .expect("the store knows every master")
-    };
+    let trips = || round_trips(&cluster, &store, 0);
     let (trips_before, (calls_before, reads_before)) = (trips(), evalshas_and_reads(&cluster, 0));
     // Asking costs reads of its own: as many as a second asking with no request between shows.
     let asking = evalshas_and_reads(&cluster, 0).1 - reads_before;
