@@ -130,11 +130,12 @@ fn manager_config(connect_timeout: Duration) -> ConnectionManagerConfig {
 impl Connection {
     /// Connects to the servers `url` names, and off a Cluster starts the batch task.
     pub(crate) async fn connect(url: &RedisUrl, options: &RedisOptions) -> RedisResult<Self> {
+        let home = Home::here();
         let link = Link::connect(url, options).await?;
         let masters = match &link {
-            Link::Cluster(cluster) => {
-                Some(Masters::load(cluster.clone(), url.clone(), options.clone()).await)
-            }
+            Link::Cluster(cluster) => Some(
+                Masters::load(cluster.clone(), url.clone(), options.clone(), home.clone()).await,
+            ),
             Link::Standalone(_) | Link::Sentinel(_) => None,
         };
         let sink = match (&link, &url.topology) {
@@ -144,7 +145,7 @@ impl Connection {
             )),
             (Link::Standalone(_) | Link::Sentinel(_), _) => Some(Sink::Crate(link.clone())),
         };
-        let batches = sink.map(Batches::start);
+        let batches = sink.map(|sink| Batches::start(sink, &home));
         Ok(Connection {
             link,
             batches,
@@ -208,14 +209,35 @@ pub(crate) fn eval_sha_cmd<A: AsRef<[u8]>>(
     cmd
 }
 
-impl Batches {
-    /// Starts the batch task for `sink` on the caller's runtime.
-    pub(crate) fn start(sink: Sink) -> Arc<Batches> {
-        let shared = start_batches(&sink);
-        let mut local = Vec::new();
-        if on_single_threaded_runtime() {
-            local.push((std::thread::current().id(), shared.clone()));
+/// The runtime that connected: where a connection's shared batch task runs, even when the first
+/// call that needs the task (a Cluster master's, started on first use) comes from another
+/// runtime, which may stop before the connection does.
+#[derive(Clone)]
+pub(crate) struct Home {
+    runtime: Handle,
+    /// Its thread, when it is single-threaded: that thread's calls go to the shared task.
+    thread: Option<ThreadId>,
+}
+
+impl Home {
+    /// The caller's runtime. Called from within one (a connection is made in async code).
+    pub(crate) fn here() -> Home {
+        Home {
+            runtime: Handle::current(),
+            thread: on_single_threaded_runtime().then(|| std::thread::current().id()),
         }
+    }
+}
+
+impl Batches {
+    /// Starts the shared batch task for `sink` on `home`'s runtime.
+    pub(crate) fn start(sink: Sink, home: &Home) -> Arc<Batches> {
+        let shared = start_batches(&sink, &home.runtime);
+        let local = home
+            .thread
+            .map(|t| (t, shared.clone()))
+            .into_iter()
+            .collect();
         Arc::new(Batches {
             shared,
             local: Mutex::new(local),
@@ -257,19 +279,19 @@ impl Batches {
         }
         // A task whose runtime has stopped (a closed queue) goes, and one starts here.
         local.retain(|(t, q)| *t != thread && !q.is_closed());
-        let queue = start_batches(&self.sink);
+        let queue = start_batches(&self.sink, &Handle::current());
         let sent = queue.send(call);
         local.push((thread, queue));
         sent
     }
 }
 
-/// Starts a batch task on the caller's runtime, and returns its queue.
-fn start_batches(sink: &Sink) -> mpsc::UnboundedSender<Call> {
+/// Starts a batch task on `runtime`, and returns its queue.
+fn start_batches(sink: &Sink, runtime: &Handle) -> mpsc::UnboundedSender<Call> {
     let (queue, calls) = mpsc::unbounded_channel();
     match sink {
-        Sink::Own(dial) => tokio::spawn(pipe::run(dial.clone(), calls)),
-        Sink::Crate(link) => tokio::spawn(run_batches(link.clone(), calls)),
+        Sink::Own(dial) => runtime.spawn(pipe::run(dial.clone(), calls)),
+        Sink::Crate(link) => runtime.spawn(run_batches(link.clone(), calls)),
     };
     queue
 }

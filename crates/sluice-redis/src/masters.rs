@@ -31,7 +31,7 @@ use sluice_core::BreakerState;
 
 use crate::RedisOptions;
 use crate::breaker::Breaker;
-use crate::connection::{Batches, Sink, open_manager, timed_out};
+use crate::connection::{Batches, Home, Sink, open_manager, timed_out};
 use crate::pipe::Dial;
 use crate::url::RedisUrl;
 
@@ -51,6 +51,8 @@ pub(crate) struct Masters {
     cluster: ClusterConnection,
     url: RedisUrl,
     options: RedisOptions,
+    /// The runtime that connected, where each master's shared batch task runs.
+    home: Home,
     /// Whether a read of the map is under way.
     refreshing: AtomicBool,
     /// When the last read of the map started, in nanoseconds after `origin`.
@@ -110,6 +112,7 @@ impl Masters {
         cluster: ClusterConnection,
         url: RedisUrl,
         options: RedisOptions,
+        home: Home,
     ) -> Arc<Self> {
         let masters = Arc::new(Masters {
             current: RwLock::new(Arc::new(SlotMap {
@@ -119,6 +122,7 @@ impl Masters {
             cluster,
             url,
             options,
+            home,
             refreshing: AtomicBool::new(false),
             refreshed_at: AtomicU64::new(0),
             origin: Instant::now(),
@@ -205,7 +209,8 @@ impl Masters {
         .unwrap_or_else(|_| Err(timed_out()))
     }
 
-    /// The batch tasks of `master`'s script calls, started on the first call: each call joins
+    /// The batch tasks of `master`'s script calls, started by the first call (the shared one on
+    /// the runtime that connected, whichever runtime makes that call): each call joins
     /// the next pipeline its runtime's task writes to the master, with the calls of concurrent
     /// requests, as the batch task of a standalone server does (`connection.rs`). `None` over
     /// TLS, where calls keep the `redis` crate's connection ([`Masters::send`]).
@@ -215,7 +220,7 @@ impl Masters {
         }
         Some(master.batches.get_or_init(|| {
             let dial = Dial::new(&self.url, &master.host, self.options.connect_timeout);
-            Batches::start(Sink::Own(Arc::new(dial)))
+            Batches::start(Sink::Own(Arc::new(dial)), &self.home)
         }))
     }
 

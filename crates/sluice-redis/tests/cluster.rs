@@ -373,6 +373,41 @@ async fn concurrent_requests_to_one_master_share_its_writes() {
     );
 }
 
+/// A master's shared batch task runs on the runtime that connected, whichever runtime makes the
+/// first call to it: a first request from a single-threaded runtime that then stops (as a
+/// worker's may) leaves every master working for the runtime that connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_call_from_a_runtime_that_stops_leaves_the_masters_working() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.url(), test_options())
+        .await
+        .unwrap();
+    let ids = spread(&cluster, &store, "home", [1, 1, 1]);
+    let policy = Policy::from(TokenBucket::new(100, Rate::per_minute(1)).unwrap());
+    let (first_store, first_ids, first_policy) = (store.clone(), ids.clone(), policy.clone());
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let checks: Vec<Check<'_>> = first_ids
+            .iter()
+            .map(|id| Check::new(id, &first_policy, 1))
+            .collect();
+        let first = runtime.block_on(first_store.check(&checks)).unwrap();
+        assert!(first.iter().all(|d| d.allowed));
+    })
+    .await
+    .unwrap();
+    // That runtime has stopped; this one's requests still reach every master.
+    let checks: Vec<Check<'_>> = ids.iter().map(|id| Check::new(id, &policy, 1)).collect();
+    let decisions = store
+        .check(&checks)
+        .await
+        .expect("decided after the runtime stopped");
+    assert!(decisions.iter().all(|d| d.allowed && d.remaining == 98));
+}
+
 /// A master killed (SIGKILL) on a Cluster that serves the slots it still covers: the keys of the
 /// two others are decided exactly throughout, with no store error; the dead master's keys fail
 /// until its own breaker opens, then at once. A request that needs the dead master fails at once
