@@ -1,21 +1,22 @@
 //! gRPC targets: Envoy's `ShouldRateLimit`, the workers multiplexed over a few h2 connections.
 //!
-//! Each call is one length-prefixed protobuf message over hyper's h2 client, with the answer's
-//! message and its `grpc-status` read back: the same wire as tonic's client, without its channel
-//! (a buffer task and a load balancer per connection). The generator shares a 2-core machine
-//! with the server it measures, and with tonic's client it used a whole core before Sluice's
-//! gRPC service did.
+//! Each call is one length-prefixed protobuf message over the `h2` crate's client, with the
+//! answer's message and its `grpc-status` read back: the same wire as tonic's client, without
+//! its channel (a buffer task and a load balancer per connection) or hyper's (a dispatch task
+//! and a body pipe per call). The call's HEADERS and DATA frames are queued together, so the
+//! connection writes them in one system call; hyper's client wrote them in two. The generator
+//! shares a 2-core machine with the server it measures, and at 512 connections it was the
+//! generator's core that ran out first.
 
+use std::future::poll_fn;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use h2::client::SendRequest;
 use http::header::{CONTENT_TYPE, TE};
 use http::{HeaderMap, HeaderValue, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
 use tokio::net::TcpStream;
 
@@ -38,7 +39,7 @@ pub struct GrpcTarget {
     descriptors: Vec<DescriptorTemplate>,
     hits: u32,
     connections: usize,
-    shared: Mutex<Vec<http2::SendRequest<Full<Bytes>>>>,
+    shared: Mutex<Vec<SendRequest<Bytes>>>,
 }
 
 impl GrpcTarget {
@@ -101,11 +102,21 @@ impl GrpcTarget {
         })
     }
 
-    /// Call number `key` as an h2 request: the message after its five-byte prefix. The
-    /// message is written field by field, as prost writes it (a unit test holds them equal),
-    /// without building the message's strings first; the fields are `http`'s constants, not
-    /// parsed each call.
-    fn call(&self, key: u64) -> Result<http::Request<Full<Bytes>>, String> {
+    /// The head of every call: a POST to `ShouldRateLimit`, the fields `http`'s constants.
+    fn head(&self) -> http::Request<()> {
+        let mut request = http::Request::new(());
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        let headers = request.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+        request
+    }
+
+    /// The body of call number `key`: the message after its five-byte prefix. The message is
+    /// written field by field, as prost writes it (a unit test holds them equal), without
+    /// building the message's strings first.
+    fn body(&self, key: u64) -> Result<Bytes, String> {
         let mut number = itoa::Buffer::new();
         // The prefix first (not compressed, then the length, filled in once it is known).
         let mut body = vec![0u8; 5];
@@ -113,13 +124,7 @@ impl GrpcTarget {
         let len =
             u32::try_from(body.len() - 5).map_err(|_| "the request is too large".to_owned())?;
         body[1..5].copy_from_slice(&len.to_be_bytes());
-        let mut request = http::Request::new(Full::new(Bytes::from(body)));
-        *request.method_mut() = http::Method::POST;
-        *request.uri_mut() = self.uri.clone();
-        let headers = request.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert(TE, HeaderValue::from_static("trailers"));
-        Ok(request)
+        Ok(Bytes::from(body))
     }
 
     /// The `RateLimitRequest` of call `number` (its key, in decimal), encoded onto `out`.
@@ -157,15 +162,19 @@ impl GrpcTarget {
         }
     }
 
-    async fn open_h2(&self) -> Result<http2::SendRequest<Full<Bytes>>, String> {
+    async fn open_h2(&self) -> Result<SendRequest<Bytes>, String> {
         let stream = TcpStream::connect(self.authority.as_str())
             .await
             .map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
-        let (send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        let (send, connection) = h2::client::handshake(stream)
             .await
             .map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
+        // The connection ends with an error only when the server closes it, which the calls
+        // on it report.
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
         Ok(send)
     }
 }
@@ -185,7 +194,7 @@ pub(crate) fn parse_descriptor(text: &str) -> Result<DescriptorTemplate, String>
 /// A worker's side of a gRPC target.
 pub(crate) struct GrpcSender {
     target: Arc<GrpcTarget>,
-    send: http2::SendRequest<Full<Bytes>>,
+    send: SendRequest<Bytes>,
 }
 
 impl Target for Arc<GrpcTarget> {
@@ -240,14 +249,21 @@ fn failed_status(headers: &HeaderMap) -> Option<String> {
 
 impl Sender for GrpcSender {
     async fn send(&mut self, key: u64) -> Answer {
-        let call = match self.target.call(key) {
-            Ok(c) => c,
+        let body = match self.target.body(key) {
+            Ok(b) => b,
             Err(e) => return Answer::Error(e),
         };
-        if self.send.ready().await.is_err() {
-            return Answer::Error("connection closed".into());
+        if let Err(e) = poll_fn(|cx| self.send.poll_ready(cx)).await {
+            return Answer::Error(format!("connection: {e}"));
         }
-        let response = match self.send.send_request(call).await {
+        let (response, mut stream) = match self.send.send_request(self.target.head(), false) {
+            Ok(sent) => sent,
+            Err(e) => return Answer::Error(format!("connection: {e}")),
+        };
+        if let Err(e) = stream.send_data(body, true) {
+            return Answer::Error(format!("connection: {e}"));
+        }
+        let response = match response.await {
             Ok(r) => r,
             Err(e) => return Answer::Error(format!("connection: {e}")),
         };
@@ -258,16 +274,34 @@ impl Sender for GrpcSender {
         if let Some(failed) = failed_status(response.headers()) {
             return Answer::Error(failed);
         }
-        let body = match response.into_body().collect().await {
-            Ok(b) => b,
-            Err(e) => return Answer::Error(format!("connection: {e}")),
-        };
-        match body.trailers().map(failed_status) {
-            Some(None) => {}
-            Some(Some(failed)) => return Answer::Error(failed),
-            None => return Answer::Error("no grpc-status".into()),
+        let mut body = response.into_body();
+        // The message comes in one DATA frame, unless the server split it.
+        let mut whole: Option<Bytes> = None;
+        while let Some(data) = body.data().await {
+            let data = match data {
+                Ok(d) => d,
+                Err(e) => return Answer::Error(format!("connection: {e}")),
+            };
+            // Received bytes count against the windows until given back.
+            let _ = body.flow_control().release_capacity(data.len());
+            whole = Some(match whole.take() {
+                None => data,
+                Some(earlier) => Bytes::from([&earlier[..], &data[..]].concat()),
+            });
         }
-        let bytes = body.to_bytes();
+        match body.trailers().await {
+            Ok(Some(trailers)) => {
+                if let Some(failed) = failed_status(&trailers) {
+                    return Answer::Error(failed);
+                }
+                if trailers.get("grpc-status").is_none() {
+                    return Answer::Error("no grpc-status".into());
+                }
+            }
+            Ok(None) => return Answer::Error("no grpc-status".into()),
+            Err(e) => return Answer::Error(format!("connection: {e}")),
+        }
+        let bytes = whole.unwrap_or_default();
         let Some(message) = bytes.get(5..) else {
             return Answer::Error("no message".into());
         };
@@ -342,27 +376,16 @@ mod tests {
             let t =
                 GrpcTarget::new("127.0.0.1:8081", "shop".into(), &descriptors, hits, 1).unwrap();
             for key in [0, 7, 12_345, u64::MAX] {
-                let call = t.call(key).unwrap();
-                assert_eq!(call.headers()[CONTENT_TYPE], "application/grpc");
-                assert_eq!(call.headers()[TE], "trailers");
-                assert_eq!(call.method(), http::Method::POST);
-                let body = call.into_body();
-                let bytes = whole(body);
+                let head = t.head();
+                assert_eq!(head.headers()[CONTENT_TYPE], "application/grpc");
+                assert_eq!(head.headers()[TE], "trailers");
+                assert_eq!(head.method(), http::Method::POST);
+                let bytes = t.body(key).unwrap();
                 let expected = request(&t, key).encode_to_vec();
                 assert_eq!(bytes[0], 0);
                 assert_eq!(&bytes[1..5], &(expected.len() as u32).to_be_bytes());
                 assert_eq!(&bytes[5..], &expected[..], "{descriptors:?} {key}");
             }
-        }
-    }
-
-    /// The bytes of a whole body, which `Full` yields at its first poll.
-    fn whole(body: Full<Bytes>) -> Bytes {
-        let mut body = std::pin::pin!(body);
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match hyper::body::Body::poll_frame(body.as_mut(), &mut cx) {
-            std::task::Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap(),
-            _ => panic!("a whole body yields its bytes at once"),
         }
     }
 

@@ -161,6 +161,17 @@ async fn error_statuses_are_counted_by_name() {
     let report = bench::run_http(target, counted(9, 1, 3)).await.unwrap();
     assert_eq!(report.errors.get("HTTP 404"), Some(&9), "{report}");
     assert_eq!(report.allowed + report.limited, 0);
+    // A value longer than the service takes: refused with a status, and only a status (the
+    // answer's headers carry it, there is no message).
+    let long = format!("user={}", "x".repeat(1025));
+    let grpc = GrpcTarget::new(&server.grpc_addr().to_string(), "d".into(), &[long], 1, 2).unwrap();
+    let report = bench::run_grpc(grpc, counted(7, 1, 3)).await.unwrap();
+    assert_eq!(
+        report.errors.get("gRPC InvalidArgument"),
+        Some(&7),
+        "{report}"
+    );
+    assert_eq!(report.allowed + report.limited, 0);
     server.shutdown().await;
 }
 
