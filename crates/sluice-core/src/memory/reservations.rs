@@ -68,8 +68,9 @@ pub(crate) struct Claim {
     pub(crate) taken_at: Timestamp,
 }
 
-/// The most settled records one reservation makes give way for it when the bound is reached.
-const SETTLED_BATCH: usize = 64;
+/// How many generations of settled records a shard's share of the bound is cut into: the
+/// settled records of a full shard give way a generation at a time, the one settled first.
+const GENERATIONS: usize = 16;
 
 /// Every live reservation of one store, up to a bound, in shards by id.
 ///
@@ -84,6 +85,8 @@ pub(crate) struct Reservations {
     mask: usize,
     /// The most records one shard holds.
     share: usize,
+    /// The most settled records of one generation.
+    generation: usize,
     /// The bound, as a refusal reports it.
     max: usize,
 }
@@ -109,53 +112,100 @@ type ById<V> = HashMap<u128, V, foldhash::fast::RandomState>;
 ///
 /// Open and settled records are kept apart. The open ones are the reservations in flight, a
 /// small map that the reserve and its settle find in the cache; a settled one is only read
-/// again by a repeated settle, so all it keeps is when it is forgotten. A registry kept at its
-/// bound by settled records (the normal state of a busy one, as they are kept twice their
-/// ttl) then touches a map of a million 32-byte entries once per reservation to add one and
-/// once to drop one, where it touched one of a million full records (and their holds, on the
-/// heap) three times.
+/// again by a repeated settle, so all it keeps is when it is forgotten. The settled ones are
+/// kept in generations, in the order they were settled: a settle adds to the newest, a small
+/// map, and a full shard drops the oldest whole. A busy registry sits at its bound with
+/// settled records (they are kept twice their ttl), and when they were one map per shard,
+/// each reservation added to and removed from a map of the shard's whole share, all the
+/// shards' maps together tens of megabytes, one cache miss or more each time.
 #[derive(Debug, Default)]
 struct Records {
     open: ById<Open>,
-    /// The settled records: when each is forgotten.
-    settled: ById<Timestamp>,
-    /// The settled records' ids, in the order they were settled: the first to give way when
-    /// the bound is reached. An id whose record has gone meanwhile is skipped.
-    settle_order: VecDeque<u128>,
+    /// The settled records, oldest generation first.
+    settled: VecDeque<Generation>,
+    /// How many settled records the generations hold together.
+    settled_len: usize,
     /// When a sweep that freed nothing saw the bound reached, the earliest `expires` left:
     /// until then another sweep cannot free anything, so a full registry refuses without
     /// scanning every record again for each request.
     nothing_to_forget_before: Timestamp,
 }
 
+/// Settled records, settled one after another: when each is forgotten.
+#[derive(Debug)]
+struct Generation {
+    forget_at: ById<Timestamp>,
+    /// The latest of them: when the whole generation is forgotten.
+    last_forget_at: Timestamp,
+}
+
 impl Records {
     /// Records held, open and settled.
     fn len(&self) -> usize {
-        self.open.len() + self.settled.len()
+        self.open.len() + self.settled_len
     }
 
-    /// Drops up to `most` (at least one) settled records, those settled first; answers how
-    /// many went. Each costs one map removal, so a registry kept full by a high rate of
-    /// reservations gives way a few records at a time, never all at once.
-    fn drop_first_settled(&mut self, most: usize) -> usize {
-        let mut dropped = 0;
-        while dropped < most.max(1) {
-            let Some(id) = self.settle_order.pop_front() else {
-                break;
-            };
-            if self.settled.remove(&id).is_some() {
-                dropped += 1;
+    /// Remembers `id` as settled until `forget_at`, in the newest generation, which is closed
+    /// at `generation` records and a new one begun.
+    fn settle(&mut self, id: u128, forget_at: Timestamp, generation: usize) {
+        if self
+            .settled
+            .back()
+            .is_none_or(|newest| newest.forget_at.len() >= generation)
+        {
+            // Sized at once: it fills to `generation` and is dropped whole.
+            self.settled.push_back(Generation {
+                forget_at: ById::with_capacity_and_hasher(generation, Default::default()),
+                last_forget_at: Timestamp::EPOCH,
+            });
+        }
+        let Some(newest) = self.settled.back_mut() else {
+            return;
+        };
+        if newest.forget_at.insert(id, forget_at).is_none() {
+            self.settled_len += 1;
+        }
+        newest.last_forget_at = newest.last_forget_at.max(forget_at);
+    }
+
+    /// When settled record `id` is forgotten, if it is remembered.
+    fn settled_forget_at(&self, id: u128) -> Option<Timestamp> {
+        // Newest first: a repeated settle most often follows its first closely.
+        self.settled
+            .iter()
+            .rev()
+            .find_map(|g| g.forget_at.get(&id).copied())
+    }
+
+    /// Forgets settled record `id`.
+    fn forget_settled(&mut self, id: u128) {
+        for g in &mut self.settled {
+            if g.forget_at.remove(&id).is_some() {
+                self.settled_len -= 1;
+                return;
             }
         }
+    }
+
+    /// Drops the oldest generation of settled records; answers how many records went.
+    fn drop_first_settled(&mut self) -> usize {
+        let dropped = self.settled.pop_front().map_or(0, |g| g.forget_at.len());
+        self.settled_len -= dropped;
         dropped
     }
 
     /// Drops every record forgotten by `now`.
     fn drop_forgotten(&mut self, now: Timestamp) {
         self.open.retain(|_, r| r.forget_at > now);
-        self.settled.retain(|_, &mut forget_at| forget_at > now);
-        let settled = &self.settled;
-        self.settle_order.retain(|id| settled.contains_key(id));
+        for g in &mut self.settled {
+            if g.last_forget_at > now {
+                g.forget_at.retain(|_, &mut forget_at| forget_at > now);
+            } else {
+                g.forget_at.clear();
+            }
+        }
+        self.settled.retain(|g| !g.forget_at.is_empty());
+        self.settled_len = self.settled.iter().map(|g| g.forget_at.len()).sum();
     }
 
     /// Drops up to `most` (at least one) of the open records expired by `now`, those
@@ -196,6 +246,7 @@ impl Reservations {
                 .collect(),
             mask: shards - 1,
             share: max.div_ceil(shards),
+            generation: max.div_ceil(shards).div_ceil(GENERATIONS),
             max,
         }
     }
@@ -214,8 +265,8 @@ impl Reservations {
     /// the shard's share of the bound is reached, records only kept to tell a later settle why
     /// it is refused (a second settle of one dropped early answers [`Settlement::Unknown`]
     /// instead, and gives back nothing either way): first settled ones, those settled first, a
-    /// few at a time; when there are none, the forgotten ones, then the expired ones forgotten
-    /// soonest. Only open reservations hold the bound. Called before the checks consume, so
+    /// generation (a sixteenth of the share) at a time; when there are none, the forgotten
+    /// ones, then the expired ones forgotten soonest. Only open reservations hold the bound. Called before the checks consume, so
     /// that a full registry refuses the request rather than consuming units nobody could give
     /// back.
     pub(crate) fn make_room(&self, id: ReservationId, now: Timestamp) -> StoreResult<()> {
@@ -225,9 +276,11 @@ impl Reservations {
         if records.len() < share {
             return Ok(());
         }
-        // Settled records first, a few at a time: no pass over the whole shard.
-        if records.drop_first_settled(share.div_ceil(4).min(SETTLED_BATCH)) > 0 {
-            return Ok(());
+        // Settled records first, a generation at a time: no pass over the whole shard.
+        while !records.settled.is_empty() {
+            if records.drop_first_settled() > 0 {
+                return Ok(());
+            }
         }
         if now < records.nothing_to_forget_before {
             return full;
@@ -265,19 +318,15 @@ impl Reservations {
     /// Claims the reservation `id` for a settle at `now`: only the first settle of a live
     /// reservation gets its holds; every other is told why not.
     pub(crate) fn claim(&self, id: ReservationId, now: Timestamp) -> Result<Claim, Settlement> {
+        let generation = self.generation;
         let mut guard = self.shard(id);
-        let Records {
-            open,
-            settled,
-            settle_order,
-            nothing_to_forget_before,
-        } = &mut *guard;
+        let records = &mut *guard;
         let key = id.as_u128();
-        let Entry::Occupied(record) = open.entry(key) else {
-            return match settled.get(&key) {
-                Some(&forget_at) if now < forget_at => Err(Settlement::AlreadySettled),
+        let Entry::Occupied(record) = records.open.entry(key) else {
+            return match records.settled_forget_at(key) {
+                Some(forget_at) if now < forget_at => Err(Settlement::AlreadySettled),
                 Some(_) => {
-                    settled.remove(&key);
+                    records.forget_settled(key);
                     Err(Settlement::Unknown)
                 }
                 None => Err(Settlement::Unknown),
@@ -292,10 +341,9 @@ impl Reservations {
         }
         // Settled, it answers only `AlreadySettled` from now on: its holds go to the settle.
         let record = record.remove();
-        settled.insert(key, record.forget_at);
-        settle_order.push_back(key);
+        records.settle(key, record.forget_at, generation);
         // A settled record can make room at once.
-        *nothing_to_forget_before = Timestamp::EPOCH;
+        records.nothing_to_forget_before = Timestamp::EPOCH;
         Ok(Claim {
             holds: record.holds,
             taken_at: record.taken_at,
@@ -350,28 +398,56 @@ mod tests {
         START.saturating_add(Duration::from_millis(millis))
     }
 
-    /// Settled records give way to new reservations, those settled first; open ones never do.
+    /// Settled records give way to new reservations, those settled first, a generation at a
+    /// time; open ones never do.
     #[test]
     fn a_full_registry_drops_settled_records_before_refusing() {
-        let registry = full(8);
+        // One shard of 32, in generations of two settled records.
+        let registry = full(32);
+        assert_eq!(registry.generation, 2);
         let later = at(1_000);
         for id in [5, 1, 3] {
             registry.claim(ReservationId::from_u128(id), later).unwrap();
         }
-        // Full: a quarter of the bound goes, the two records settled first.
+        // Full: the first generation goes, the two records settled first.
         registry.make_room(NEW, later).unwrap();
-        assert_eq!(registry.len(), 6);
+        assert_eq!(registry.len(), 30);
         let settle = |id: u128| registry.claim(ReservationId::from_u128(id), later).err();
         assert_eq!(settle(5), Some(Settlement::Unknown), "dropped");
         assert_eq!(settle(1), Some(Settlement::Unknown), "dropped");
         assert_eq!(settle(3), Some(Settlement::AlreadySettled), "kept");
-        for open in [0, 2, 4, 6, 7] {
+        for open in (0..32).filter(|id| ![5, 1, 3].contains(id)) {
             assert!(settle(open).is_none(), "{open} is still open and settles");
         }
     }
 
-    /// A registry kept full by reservations settled as they come gives way a few settled
-    /// records at a time, each in turn, and never refuses: no reservation waits for a pass
+    /// A generation's records are each forgotten at their own time: a sweep between two of
+    /// them drops the first and keeps the second, which still answers a second settle.
+    #[test]
+    fn settled_records_of_one_generation_are_forgotten_each_at_its_time() {
+        let registry = Reservations::new(32);
+        let (short, long) = (ReservationId::from_u128(1), ReservationId::from_u128(2));
+        registry.insert(short, Holds::Many(Box::new([])), at(0), TTL);
+        registry.insert(long, Holds::Many(Box::new([])), at(0), 3 * TTL);
+        registry.claim(short, at(1)).unwrap();
+        registry.claim(long, at(1)).unwrap();
+        // Twice the short ttl on: only the short one is forgotten.
+        assert_eq!(registry.sweep(at(20_000)), 1);
+        assert_eq!(registry.len(), 1);
+        assert_eq!(
+            registry.claim(short, at(20_000)).err(),
+            Some(Settlement::Unknown)
+        );
+        assert_eq!(
+            registry.claim(long, at(59_999)).err(),
+            Some(Settlement::AlreadySettled)
+        );
+        assert_eq!(registry.sweep(at(60_000)), 1);
+        assert_eq!(registry.len(), 0);
+    }
+
+    /// A registry kept full by reservations settled as they come gives way a generation of
+    /// settled records at a time, each in turn, and never refuses: no reservation waits for a pass
     /// over the whole registry.
     #[test]
     fn a_registry_kept_full_gives_way_a_few_records_at_a_time() {
@@ -389,7 +465,7 @@ mod tests {
                 .expect("a settled record gives way");
             assert!(registry.len() < 1_024);
             assert!(
-                registry.len() >= 1_024 - SETTLED_BATCH,
+                registry.len() >= 1_024 - 1_024 / GENERATIONS,
                 "{} left",
                 registry.len()
             );
