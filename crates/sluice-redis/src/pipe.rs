@@ -111,6 +111,8 @@ pub(crate) async fn run(dial: Arc<Dial>, queue: mpsc::UnboundedReceiver<Call>) {
         parsed: 0,
         filled: 0,
         waiting: VecDeque::new(),
+        sent: 0,
+        evals: Vec::new(),
         timer: Box::pin(sleep_until(Instant::now())),
         timer_at: None,
     };
@@ -167,6 +169,14 @@ struct Pipe {
     filled: usize,
     /// One entry per command written, or in `out`, in order: each reply answers the front.
     waiting: VecDeque<Waiter>,
+    /// How many commands have been put in `out`, on every connection: each waiter's `seq`.
+    sent: u64,
+    /// Each script last sent again whole (`EVAL`, after `NOSCRIPT`), and the `seq` it went
+    /// with: a call of it answered `NOSCRIPT` that was sent before then is sent again as it
+    /// was, behind the `EVAL` that loads the script, rather than with the script's whole body
+    /// too (61 KB, and every call of a pipeline written before a `SCRIPT FLUSH` is answered
+    /// `NOSCRIPT`).
+    evals: Vec<(&'static Script, u64)>,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
 }
@@ -181,6 +191,8 @@ struct Waiter {
     retry: Option<(Vec<u8>, &'static Script)>,
     /// Whether this is the connection's own `AUTH` or `SELECT`.
     setup: bool,
+    /// Which command this is, in the order they were put in `out`.
+    seq: u64,
 }
 
 impl Pipe {
@@ -254,11 +266,13 @@ impl Pipe {
                 self.wire = Wire::Open(open);
                 self.out.extend_from_slice(&self.dial.hello);
                 for _ in 0..self.dial.hello_replies {
+                    let seq = self.next_seq();
                     self.waiting.push_back(Waiter {
                         reply: None,
                         deadline: Instant::now() + self.dial.connect_timeout,
                         retry: None,
                         setup: true,
+                        seq,
                     });
                 }
                 true
@@ -283,13 +297,22 @@ impl Pipe {
         }
         for call in self.held.drain(..) {
             self.out.extend_from_slice(&call.command);
+            self.sent += 1;
+            let seq = self.sent;
             self.waiting.push_back(Waiter {
                 reply: Some(call.reply),
                 deadline: call.deadline,
                 retry: Some((call.command, call.script)),
                 setup: false,
+                seq,
             });
         }
+    }
+
+    /// The `seq` of the next command put in `out`.
+    fn next_seq(&mut self) -> u64 {
+        self.sent += 1;
+        self.sent
     }
 
     /// Writes what it can of the write buffer. Whether anything changed.
@@ -389,12 +412,28 @@ impl Pipe {
             };
             match (reply, waiter.retry) {
                 (Err(e), Some((command, script))) if is_no_script(&e) => {
-                    self.out.extend_from_slice(&as_eval(&command, script));
+                    // An `EVAL` of the script sent after this call loads it before this call
+                    // comes round again.
+                    let loading = self
+                        .evals
+                        .iter()
+                        .any(|&(s, at)| std::ptr::eq(s, script) && waiter.seq < at);
+                    let seq = self.next_seq();
+                    let retry = if loading {
+                        self.out.extend_from_slice(&command);
+                        Some((command, script))
+                    } else {
+                        self.out.extend_from_slice(&as_eval(&command, script));
+                        self.evals.retain(|&(s, _)| !std::ptr::eq(s, script));
+                        self.evals.push((script, seq));
+                        None
+                    };
                     self.waiting.push_back(Waiter {
                         reply: Some(sender),
                         deadline: waiter.deadline,
-                        retry: None,
+                        retry,
                         setup: false,
+                        seq,
                     });
                 }
                 (reply, _) => {

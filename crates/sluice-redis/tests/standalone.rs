@@ -326,11 +326,16 @@ async fn sentinel_failover_moves_the_store_to_the_new_master() {
 
 /// Redis's count of reads from its clients' sockets (`INFO stats`).
 fn reads_processed(server: &RedisServer) -> u64 {
+    stat(server, "total_reads_processed")
+}
+
+/// A counter of `INFO stats`.
+fn stat(server: &RedisServer, name: &str) -> u64 {
     let info = server.command(&["INFO", "stats"]).expect("INFO stats");
     info.lines()
-        .find_map(|l| l.strip_prefix("total_reads_processed:"))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
         .and_then(|n| n.trim().parse().ok())
-        .expect("total_reads_processed in INFO stats")
+        .unwrap_or_else(|| panic!("{name} in INFO stats"))
 }
 
 /// `n` checks of one unit on `key`, each in a task of its own, spawned together on the caller's
@@ -363,8 +368,8 @@ async fn concurrent_checks(
 /// still decides on its own: 200 tasks on one worker thread (where tokio runs a woken task right
 /// after its waker, which without the batch task sent every call alone) check one key with a
 /// limit of 50. Exactly 50 are admitted, and Redis reads them in a few reads. Then the same after
-/// `SCRIPT FLUSH`: every call of the pipeline gets `NOSCRIPT` and is sent again with the script,
-/// and none fails.
+/// `SCRIPT FLUSH`: every call of the pipeline gets `NOSCRIPT` and is sent again, none fails, and
+/// the script's body goes with the first of them only, the others behind it as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn concurrent_checks_share_pipelines_and_each_decides_alone() {
     let server = RedisServer::start();
@@ -395,8 +400,22 @@ async fn concurrent_checks_share_pipelines_and_each_decides_alone() {
     let reads = reads_processed(&server) - before - 1;
     assert!(reads <= 20, "200 concurrent checks took {reads} reads");
 
+    // What Redis reads for 200 calls that find the script: about 300 bytes each.
+    let before = stat(&server, "total_net_input_bytes");
+    assert_eq!(burst("known").await, 50);
+    let known = stat(&server, "total_net_input_bytes") - before;
+
     server.command(&["SCRIPT", "FLUSH"]).expect("SCRIPT FLUSH");
+    let before = stat(&server, "total_net_input_bytes");
     assert_eq!(burst("after-flush").await, 50);
+    let after_flush = stat(&server, "total_net_input_bytes") - before;
+    // Every call twice, the body once (and the INFO commands' few bytes): each call sent
+    // again with the whole script was 200 of them.
+    let body = sluice_redis::testing::check_script().len() as u64;
+    assert!(
+        after_flush < 2 * known + 2 * body,
+        "{after_flush} bytes after the flush, {known} before, the script {body}"
+    );
 }
 
 /// The gRPC service calls the store from single-threaded runtimes of its own, one per thread.
