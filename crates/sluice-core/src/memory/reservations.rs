@@ -177,9 +177,10 @@ impl Records {
             .find_map(|g| g.forget_at.get(&id).copied())
     }
 
-    /// Forgets settled record `id`.
+    /// Forgets settled record `id`: the one [`Records::settled_forget_at`] finds, should a
+    /// caller have reused an id.
     fn forget_settled(&mut self, id: u128) {
-        for g in &mut self.settled {
+        for g in self.settled.iter_mut().rev() {
             if g.forget_at.remove(&id).is_some() {
                 self.settled_len -= 1;
                 return;
@@ -194,8 +195,11 @@ impl Records {
         dropped
     }
 
-    /// Drops every record forgotten by `now`.
-    fn drop_forgotten(&mut self, now: Timestamp) {
+    /// Drops every record forgotten by `now`. Generations left less than half full on the
+    /// whole are poured into as few as hold them, in order: records of mixed ttls would
+    /// otherwise leave a shard of many generations that each keep a few records in a map sized
+    /// for `generation`, and never fill the shard to drop them.
+    fn drop_forgotten(&mut self, now: Timestamp, generation: usize) {
         self.open.retain(|_, r| r.forget_at > now);
         for g in &mut self.settled {
             if g.last_forget_at > now {
@@ -206,6 +210,13 @@ impl Records {
         }
         self.settled.retain(|g| !g.forget_at.is_empty());
         self.settled_len = self.settled.iter().map(|g| g.forget_at.len()).sum();
+        if self.settled_len.saturating_mul(2) < self.settled.len().saturating_mul(generation) {
+            let sparse = std::mem::take(&mut self.settled);
+            self.settled_len = 0;
+            for (id, forget_at) in sparse.into_iter().flat_map(|g| g.forget_at) {
+                self.settle(id, forget_at, generation);
+            }
+        }
     }
 
     /// Drops up to `most` (at least one) of the open records expired by `now`, those
@@ -271,7 +282,7 @@ impl Reservations {
     /// back.
     pub(crate) fn make_room(&self, id: ReservationId, now: Timestamp) -> StoreResult<()> {
         let mut records = self.shard(id);
-        let share = self.share;
+        let (share, generation) = (self.share, self.generation);
         let full = Err(StoreError::Full { max_keys: self.max });
         if records.len() < share {
             return Ok(());
@@ -285,7 +296,7 @@ impl Reservations {
         if now < records.nothing_to_forget_before {
             return full;
         }
-        records.drop_forgotten(now);
+        records.drop_forgotten(now, generation);
         if records.len() < share {
             return Ok(());
         }
@@ -352,10 +363,11 @@ impl Reservations {
 
     /// Drops every record forgotten by `now`; returns how many.
     pub(crate) fn sweep(&self, now: Timestamp) -> usize {
+        let generation = self.generation;
         let sweep_one = |shard: &PaddedRecords| {
             let mut records = lock(&shard.0);
             let before = records.len();
-            records.drop_forgotten(now);
+            records.drop_forgotten(now, generation);
             before - records.len()
         };
         self.shards.iter().map(sweep_one).sum()
@@ -626,6 +638,69 @@ mod tests {
             registry.claim(id, at(20_001)).err(),
             Some(Settlement::Unknown)
         );
+    }
+
+    /// A full shard whose oldest generation was emptied by settles that found its records
+    /// forgotten drops the next generation rather than refusing.
+    #[test]
+    fn an_emptied_generation_gives_way_to_the_next() {
+        // One shard of 32, in generations of two settled records.
+        let registry = Reservations::new(32);
+        let id = |n: u128| ReservationId::from_u128(n);
+        for n in 0..30 {
+            let ttl = if n < 2 { TTL / 10 } else { TTL };
+            registry.insert(id(n), Holds::Many(Box::new([])), at(0), ttl);
+        }
+        for n in 0..3 {
+            registry.claim(id(n), at(500)).unwrap();
+        }
+        // Reservations 0 and 1 are forgotten at 2 s: their second settles empty the oldest
+        // generation. Reservation 2 is alone in the next.
+        for n in 0..2 {
+            assert_eq!(
+                registry.claim(id(n), at(2_000)).err(),
+                Some(Settlement::Unknown)
+            );
+        }
+        for n in 30..34 {
+            registry.insert(id(n), Holds::Many(Box::new([])), at(2_000), TTL);
+        }
+        assert_eq!(registry.len(), 32);
+        registry
+            .make_room(NEW, at(2_000))
+            .expect("the settled reservation 2 gives way");
+        assert_eq!(
+            registry.claim(id(2), at(2_000)).err(),
+            Some(Settlement::Unknown)
+        );
+    }
+
+    /// A sweep that leaves generations mostly empty pours their records into as few as hold
+    /// them, each still answering a second settle until its own time.
+    #[test]
+    fn a_sweep_gathers_sparse_generations() {
+        // One shard of 64, in generations of four settled records.
+        let registry = Reservations::new(64);
+        assert_eq!(registry.generation, 4);
+        let id = |n: u128| ReservationId::from_u128(n);
+        // Every generation: one reservation of three times the ttl, three of the ttl.
+        for n in 0..16 {
+            let ttl = if n % 4 == 0 { 3 * TTL } else { TTL };
+            registry.insert(id(n), Holds::Many(Box::new([])), at(0), ttl);
+            registry.claim(id(n), at(1)).unwrap();
+        }
+        let generations = || lock(&registry.shards[0].0).settled.len();
+        assert_eq!(generations(), 4);
+        assert_eq!(registry.sweep(at(20_000)), 12);
+        assert_eq!(generations(), 1, "four records, one generation");
+        for n in (0..16).step_by(4) {
+            assert_eq!(
+                registry.claim(id(n), at(20_000)).err(),
+                Some(Settlement::AlreadySettled)
+            );
+        }
+        assert_eq!(registry.sweep(at(60_000)), 4);
+        assert_eq!(generations(), 0);
     }
 
     /// Twice their ttl on, records are forgotten by one sweep, all at once.
