@@ -77,7 +77,11 @@
   requests of 5 descriptors (each its own counter and slot) against requests of 1, at two fixed
   rates (a tenth and a half of the 5-descriptor closed-loop throughput): p99, p50 and CPU per
   answer of the service (and of the masters), medians of per-round ratios 5 / 1, against the
-  target p99 ≤ 1.3×. With
+  target p99 ≤ 1.3×. With --cluster-rtt MS each master is reached through `sluice bench relay`,
+  which holds every byte half of MS each way, in whole milliseconds (and up to one more, the
+  timer's tick):
+  masters on hosts of their own, where on loopback the three share one core and their rounds
+  run one after another however they are sent. With
   --baseline-bin, another build measured the same way in the same rounds.
 
 - overrides: issue #26's cost of a runtime override. `sluice serve` on the memory store, pinned
@@ -1488,7 +1492,7 @@ def crc16(data):
     return crc
 
 
-def cluster(tmp, runs, secs, baseline_bin=None):
+def cluster(tmp, runs, secs, baseline_bin=None, rtt_ms=0.0):
     """`sluice serve --store redis+cluster://` on a real 3-master Cluster (`redis-cli --cluster
     create`, no replicas, the masters and the generator on CPU 1, the service on CPU 0): HTTP
     `/json` requests of 5 descriptors (each its own counter, in its own slot, 10,000 keys)
@@ -1503,15 +1507,25 @@ def cluster(tmp, runs, secs, baseline_bin=None):
     with open(rules, "w") as f:
         f.write(CLUSTER_RULES)
     log = open(os.path.join(tmp, "cluster.log"), "w")
-    nodes = []
+    nodes, relayed = [], []
     for i in range(3):
         port, bus = free_port(), free_port()
+        # With --cluster-rtt, clients reach each master through a relay that holds every byte
+        # half the round trip each way: the master announces the relay's port as its own.
+        relay = free_port() if rtt_ms else None
+        announce = (["--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", str(relay),
+                     "--cluster-announce-bus-port", str(bus)] if relay else [])
         proc = start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                       "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-port", str(bus),
-                      "--cluster-node-timeout", "5000", "--dir", tmp,
+                      "--cluster-node-timeout", "5000", "--dir", tmp, *announce,
                       "--cluster-config-file", os.path.join(tmp, f"nodes-{port}.conf")], log, cpus=rest)
         wait_port(port, "a cluster node")
         nodes.append((port, proc))
+        if relay:
+            start([BIN, "bench", "relay", "--listen", f"127.0.0.1:{relay}", "--to",
+                   f"127.0.0.1:{port}", "--delay", f"{max(1, round(rtt_ms / 2))}ms"], log, cpus=rest)
+            wait_port(relay, "a master's relay")
+            relayed.append(f"127.0.0.1:{relay}")
     addrs = [f"127.0.0.1:{port}" for port, _ in nodes]
     subprocess.run(["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", "0",
                     "--cluster-yes"], check=True, capture_output=True)
@@ -1541,7 +1555,7 @@ def cluster(tmp, runs, secs, baseline_bin=None):
     for n in range(KEYS):
         masters = {owner[crc16(f"bench|d{i}=u{n}".encode()) % 16384] for i in range(1, 6)}
         spans[len(masters)] += 1
-    url = "redis+cluster://" + ",".join(addrs)
+    url = "redis+cluster://" + ",".join(relayed or addrs)
     builds = {"this build": BIN}
     if baseline_bin:
         builds["baseline"] = baseline_bin
@@ -1575,7 +1589,8 @@ def cluster(tmp, runs, secs, baseline_bin=None):
     res = rounds(runs, runners, "cluster")
     every = [r for reports in res.values() for r in reports]
     rates = " and ".join(f"{rate:,}/s" for rate in loads.values())
-    print(f"\n### Redis Cluster: 5 descriptors on 3 masters against 1, HTTP `/json`, "
+    away = f", each master {rtt_ms:g} ms of round trip away (a relay)" if rtt_ms else ""
+    print(f"\n### Redis Cluster: 5 descriptors on 3 masters against 1, HTTP `/json`{away}, "
           f"{runs} × {secs} s at {rates}\n")
     print("5-descriptor closed-loop maximum: " + ", ".join(
         f"{name} {t:,.0f}/s" for name, (_, _, t) in servers.items()) + ".\n")
@@ -1647,6 +1662,9 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--secs", type=int, default=5)
     parser.add_argument("--baseline-bin", help="ab, cluster: the other build of sluice to compare with")
+    parser.add_argument("--cluster-rtt", type=float, default=0.0, metavar="MS",
+                        help="cluster: reach each master through `sluice bench relay`, MS "
+                        "milliseconds of round trip away (default 0: directly)")
     parser.add_argument("--few-keys", type=int, default=20,
                         help="hybrid: the keys of the commands-per-decision runs")
     parser.add_argument("--pin", action="store_true",
@@ -1681,7 +1699,7 @@ def main():
                 elif what == "peers":
                     peers(tmp, args)
                 elif what == "cluster":
-                    cluster(tmp, args.runs, args.secs, args.baseline_bin)
+                    cluster(tmp, args.runs, args.secs, args.baseline_bin, args.cluster_rtt)
                 else:
                     {"service": service, "redis": redis, "usage": usage,
                      "overrides": overrides}[what](

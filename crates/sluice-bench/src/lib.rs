@@ -28,6 +28,7 @@
 
 mod grpc;
 mod http;
+mod relay;
 mod report;
 mod upstream;
 mod usage;
@@ -40,6 +41,7 @@ use tokio::time::Instant;
 
 pub use grpc::GrpcTarget;
 pub use http::{HttpTarget, Version};
+pub use relay::{Relay, serve_relay};
 pub use report::{Latency, Report};
 pub use upstream::{TrivialUpstream, serve_trivial_upstream};
 pub use usage::{Flow, Usage, UsageReport, UsageTarget, run_usage};

@@ -28,6 +28,20 @@ pub(crate) enum BenchTarget {
         #[arg(long, default_value = "127.0.0.1:3000")]
         listen: SocketAddr,
     },
+    /// Relay TCP connections to another address, every byte held `--delay` in each direction:
+    /// a network's round trip on one machine.
+    Relay {
+        /// Where to listen.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Where to relay to.
+        #[arg(long)]
+        to: SocketAddr,
+        /// How long each byte is held each way, such as `1ms` (the timer ticks every
+        /// millisecond, so up to one more).
+        #[arg(long, value_parser = parse_duration_or_error)]
+        delay: Duration,
+    },
 }
 
 /// A help text that shows the key placeholder, `{n}`, between `before` and `after`. clap turns
@@ -187,7 +201,7 @@ pub(crate) fn run(target: BenchTarget) -> anyhow::Result<()> {
         BenchTarget::Http(a) => a.load.threads,
         BenchTarget::Grpc(a) => a.load.threads,
         BenchTarget::Usage(a) => a.load.threads,
-        BenchTarget::Upstream { .. } => 1,
+        BenchTarget::Upstream { .. } | BenchTarget::Relay { .. } => 1,
     };
     let runtime = match threads {
         0 => anyhow::bail!("--threads must be at least 1"),
@@ -211,6 +225,17 @@ pub(crate) fn run(target: BenchTarget) -> anyhow::Result<()> {
                 println!("serving a trivial 200 ok on http://{}", upstream.addr());
                 sluice_http::lifecycle::stop_signal().await;
                 upstream.shutdown().await;
+                return Ok(());
+            }
+            BenchTarget::Relay { listen, to, delay } => {
+                crate::start::init_logging(crate::args::LogFormat::Pretty, "info");
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {listen}"))?;
+                let relay = bench::serve_relay(listener, to, delay)?;
+                println!("relaying {} to {to}, {delay:?} each way", relay.addr());
+                sluice_http::lifecycle::stop_signal().await;
+                relay.shutdown().await;
                 return Ok(());
             }
             BenchTarget::Http(a) => {
