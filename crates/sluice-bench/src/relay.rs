@@ -5,8 +5,8 @@
 //! run one after another, whatever the masters' shared core does.
 //!
 //! Each direction of each connection is read as it arrives and written `delay` later, in order;
-//! the runtime's timer fires on millisecond ticks, so a byte is held from `delay` to `delay`
-//! plus one millisecond.
+//! the runtime's timer fires on millisecond ticks, so a byte is held at least `delay`, and
+//! about a millisecond more, or more again on a busy machine.
 
 use std::net::SocketAddr;
 use std::time::Duration;
