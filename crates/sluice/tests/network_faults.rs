@@ -25,9 +25,10 @@
 //! everything (connecting included). Debian's `tc netem` would make them as well, but this
 //! machine's kernel (and CI's) is built without it (`CONFIG_NET_SCH_NETEM` not set: `tc qdisc
 //! add … netem` answers "Specified qdisc kind is unknown"), and nothing else in the kernel
-//! delays packets; the added latency is therefore a relay in the test that holds every chunk
-//! 50 ms in each direction before passing it on, between a `sluice serve` and a `redis-server`
-//! of its own on this namespace's loopback.
+//! delays packets; the added latency is therefore a relay (`sluice_bench::serve_relay`, the one
+//! the Cluster benchmark puts in front of each master) that holds every chunk 50 ms in each
+//! direction before passing it on, between a `sluice serve` and a `redis-server` of its own on
+//! this namespace's loopback.
 //!
 //! Creating a namespace needs root (CAP_NET_ADMIN). Without it the test says why on stderr and
 //! passes without running; `./scripts/test` installs `ip` (iproute2) and `nft` (nftables) when
@@ -44,8 +45,7 @@ use sluice_redis::testing::RedisServer;
 use sluice_test_support::{
     ServeBuilder, ServeProcess, Spawned, eventually_within, free_port, rules_file, wait_until,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// Two rules with limits no test reaches: every answer other than "allowed" comes from
 /// `on_store_error`.
@@ -330,58 +330,6 @@ impl Filter {
     }
 }
 
-/// A TCP relay on loopback to `upstream` that holds every chunk `delay` before passing it on,
-/// in both directions, in order: added latency, which this kernel cannot add to packets.
-async fn delaying_relay(upstream: String, delay: Duration) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(&upstream).await else {
-                    return;
-                };
-                let _ = (client.set_nodelay(true), server.set_nodelay(true));
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                tokio::join!(
-                    delayed_copy(client_read, server_write, delay),
-                    delayed_copy(server_read, client_write, delay),
-                );
-            });
-        }
-    });
-    addr
-}
-
-/// Copies `from` to `to`, each chunk written `delay` after it was read.
-async fn delayed_copy(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
-) {
-    let (chunks, mut pending) = tokio::sync::mpsc::unbounded_channel();
-    let reading = async move {
-        let mut buf = vec![0; 16_384];
-        while let Ok(n) = from.read(&mut buf).await {
-            if n == 0 || chunks.send((Instant::now(), buf[..n].to_vec())).is_err() {
-                break;
-            }
-        }
-    };
-    let writing = async move {
-        while let Some((read_at, chunk)) = pending.recv().await {
-            // The delay is the fault being simulated, not a wait for anything.
-            tokio::time::sleep_until((read_at + delay).into()).await;
-            if to.write_all(&chunk).await.is_err() {
-                break;
-            }
-        }
-    };
-    tokio::join!(reading, writing);
-}
-
 /// What the clients saw in one phase.
 #[derive(Debug, Default)]
 struct Answers {
@@ -618,9 +566,14 @@ async fn decisions_stay_bounded_and_recover_through_network_faults_to_redis() {
     // Added latency, through the relay, on this namespace's loopback: every call crosses it
     // twice, 100 ms in all, within the store's timeout, so every answer is Redis's decision.
     let local_redis = RedisServer::start();
-    let upstream = local_redis.url().trim_start_matches("redis://").to_owned();
-    let relay = delaying_relay(upstream, Duration::from_millis(50)).await;
-    let delayed = serve_builder(&rules, &format!("redis://{relay}")).start();
+    let upstream: SocketAddr = local_redis
+        .url()
+        .trim_start_matches("redis://")
+        .parse()
+        .expect("Redis listens on an IP address");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay = sluice_bench::serve_relay(listener, upstream, Duration::from_millis(50)).unwrap();
+    let delayed = serve_builder(&rules, &format!("redis://{}", relay.addr())).start();
     // The first calls load the scripts (a second round trip), which the latency can push past
     // the timeout: the load begins once Redis decides.
     recovered(&client, delayed.http(), "50 ms each way, before the load").await;
