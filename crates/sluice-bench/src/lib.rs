@@ -28,6 +28,7 @@
 
 mod grpc;
 mod http;
+mod listening;
 mod relay;
 mod report;
 mod upstream;
@@ -41,9 +42,10 @@ use tokio::time::Instant;
 
 pub use grpc::GrpcTarget;
 pub use http::{HttpTarget, Version};
-pub use relay::{Relay, serve_relay};
+pub use listening::Listening;
+pub use relay::serve_relay;
 pub use report::{Latency, Report};
-pub use upstream::{TrivialUpstream, serve_trivial_upstream};
+pub use upstream::serve_trivial_upstream;
 pub use usage::{Flow, Usage, UsageReport, UsageTarget, run_usage};
 
 /// How much load to offer, and for how long.

@@ -15,31 +15,10 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-/// A running relay.
-#[derive(Debug)]
-pub struct Relay {
-    addr: SocketAddr,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
-impl Relay {
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stops accepting and waits for the accept loop to end; open connections end with their
-    /// peers.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
-    }
-}
+use crate::listening::{Listening, serve_each};
 
 /// Relays every connection accepted on `listener` to `to`, each byte held `delay` in each
 /// direction, until shut down.
@@ -47,40 +26,23 @@ pub fn serve_relay(
     listener: TcpListener,
     to: SocketAddr,
     delay: Duration,
-) -> std::io::Result<Relay> {
-    let addr = listener.local_addr()?;
-    let (stop, mut stopped) = watch::channel(false);
-    let task = tokio::spawn(async move {
-        loop {
-            let client = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((client, _)) => client,
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        continue;
-                    }
-                },
-                _ = stopped.changed() => break,
-            };
-            tokio::spawn(async move {
-                let server = match TcpStream::connect(to).await {
-                    Ok(server) => server,
-                    Err(e) => {
-                        tracing::warn!("cannot reach {to}: {e}");
-                        return;
-                    }
-                };
-                let _ = (client.set_nodelay(true), server.set_nodelay(true));
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                tokio::join!(
-                    held(client_read, server_write, delay),
-                    held(server_read, client_write, delay),
-                );
-            });
-        }
-    });
-    Ok(Relay { addr, stop, task })
+) -> std::io::Result<Listening> {
+    serve_each(listener, move |client| async move {
+        let server = match TcpStream::connect(to).await {
+            Ok(server) => server,
+            Err(e) => {
+                tracing::warn!("cannot reach {to}: {e}");
+                return;
+            }
+        };
+        let _ = server.set_nodelay(true);
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        tokio::join!(
+            held(client_read, server_write, delay),
+            held(server_read, client_write, delay),
+        );
+    })
 }
 
 /// Copies `from` to `to`, each read written `delay` after it arrived, in order. At the end of
