@@ -6,9 +6,10 @@
 //! calls as one pipeline on that master's connection, the masters in parallel
 //! (`store/master_calls.rs`). Over plain TCP the script calls go through a batch task per
 //! master with a connection of its own, as on a standalone server: the pipelines of concurrent
-//! requests to one master leave in one write, and the master wakes once for all of them. The `redis` crate's Cluster connection cannot do this: it refuses
-//! a pipeline whose commands fall in different slots, and it sends a whole pipeline again when
-//! one of its commands is redirected, which would run the others twice.
+//! requests to one master leave in one write, and the master wakes once for all of them. The
+//! `redis` crate's Cluster connection cannot do this: it refuses a pipeline whose commands fall
+//! in different slots, and it sends a whole pipeline again when one of its commands is
+//! redirected, which would run the others twice.
 //!
 //! Each master has its own breaker, so that while one master is down only the calls on its slots
 //! fail at once; the keys of the others stay exact. A breaker belongs to the master's address:

@@ -201,14 +201,13 @@ impl Records {
     /// for `generation`, and never fill the shard to drop them.
     fn drop_forgotten(&mut self, now: Timestamp, generation: usize) {
         self.open.retain(|_, r| r.forget_at > now);
-        for g in &mut self.settled {
-            if g.last_forget_at > now {
+        // A generation whose last record is forgotten goes whole, unread.
+        self.settled.retain_mut(|g| {
+            g.last_forget_at > now && {
                 g.forget_at.retain(|_, &mut forget_at| forget_at > now);
-            } else {
-                g.forget_at.clear();
+                !g.forget_at.is_empty()
             }
-        }
-        self.settled.retain(|g| !g.forget_at.is_empty());
+        });
         self.settled_len = self.settled.iter().map(|g| g.forget_at.len()).sum();
         if self.settled_len.saturating_mul(2) < self.settled.len().saturating_mul(generation) {
             let sparse = std::mem::take(&mut self.settled);

@@ -139,8 +139,8 @@ impl RedisStore {
             .await;
         };
         let mut results = match masters.batches(master) {
-            // Queued together, before the batch task runs: one pipeline, whose calls a
-            // script the master does not know is sent again as `EVAL` by the task itself.
+            // Queued together, before the batch task runs: one pipeline. A call whose script
+            // the master does not know is sent again by the task itself.
             Some(batches) => {
                 master.count_round_trip();
                 join_all(members.iter().map(|&i| {
