@@ -15,7 +15,8 @@ use std::task::{Context, Poll, Waker, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, request};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Version, request};
+use sluice_http::h1_server::{INLINE_FIELDS, field_name};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
@@ -262,8 +263,7 @@ fn write_head(out: &mut Vec<u8>, parts: &request::Parts, body: Option<&Bytes>) {
     }
 }
 
-/// Where one field's name and value lie in the head, as offsets and lengths. Small, so that the
-/// array of them is cleared with a few vector stores rather than a string instruction.
+/// Where one field's name and value lie in the head, as offsets and lengths.
 #[derive(Clone, Copy, Default)]
 struct FieldAt {
     name: u32,
@@ -286,7 +286,8 @@ impl FieldAt {
 /// fields' values share the head's bytes rather than copy them.
 fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHead>, io::Error> {
     let mut storage = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
-    let mut at = [FieldAt::default(); MAX_FIELDS];
+    let mut inline = [FieldAt::default(); INLINE_FIELDS];
+    let mut spilled = Vec::new();
     let base = buf.as_ptr() as usize;
     let (len, code, minor, count) = {
         let mut answer = httparse::Response::new(&mut []);
@@ -299,6 +300,12 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHea
         // The head is far shorter than 4 GiB: it is read only up to `MAX_HEAD` and one more
         // read.
         let offset = |p: *const u8| (p as usize - base) as u32;
+        let at = if answer.headers.len() <= INLINE_FIELDS {
+            &mut inline[..]
+        } else {
+            spilled.resize(answer.headers.len(), FieldAt::default());
+            &mut spilled[..]
+        };
         for (field, at) in answer.headers.iter().zip(at.iter_mut()) {
             *at = FieldAt {
                 name: offset(field.name.as_ptr()),
@@ -326,9 +333,14 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHea
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = minor == 0;
-    for at in &at[..count] {
-        let name = HeaderName::from_bytes(&head[at.name()])
-            .map_err(|_| invalid("a field name is not valid"))?;
+    let at = if count <= INLINE_FIELDS {
+        &inline[..count]
+    } else {
+        &spilled[..count]
+    };
+    for &at in at {
+        let name =
+            field_name(&head[at.name()]).map_err(|_| invalid("a field name is not valid"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(at.value()))
             .map_err(|_| invalid("a field value is not valid"))?;
         if name == CONTENT_LENGTH {
@@ -521,6 +533,27 @@ mod tests {
                 String::from_utf8_lossy(wire)
             );
         }
+    }
+
+    /// A head with more fields than fit on the stack keeps every one, in order.
+    #[test]
+    fn a_head_with_many_fields_keeps_them_all() {
+        let mut wire = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..INLINE_FIELDS + 5 {
+            wire.extend_from_slice(format!("X-F{i}: v{i}\r\n").as_bytes());
+        }
+        wire.extend_from_slice(b"Content-Length: 2\r\nDATE: d\r\n\r\nok");
+        let (h, rest) = parse(&wire, false);
+        assert_eq!(h.headers.len(), INLINE_FIELDS + 7);
+        for i in 0..INLINE_FIELDS + 5 {
+            assert_eq!(
+                h.headers[format!("x-f{i}").as_str()],
+                format!("v{i}").as_str()
+            );
+        }
+        assert_eq!(h.headers[http::header::DATE], "d");
+        assert_eq!(h.framing, Framing::Length(2));
+        assert_eq!(&rest[..], b"ok");
     }
 
     #[test]

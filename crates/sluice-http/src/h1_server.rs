@@ -43,7 +43,8 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{
-    CONNECTION, CONTENT_LENGTH, DATE, EXPECT, HeaderName, HeaderValue, TRANSFER_ENCODING, UPGRADE,
+    ACCEPT, CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, DATE, EXPECT, HOST,
+    HeaderName, HeaderValue, InvalidHeaderName, SERVER, TRANSFER_ENCODING, UPGRADE, USER_AGENT,
 };
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
@@ -309,6 +310,99 @@ enum Parsed {
     Elsewhere,
 }
 
+/// The field names most heads carry, each with its text, by which [`field_name`] knows them;
+/// in order of length, as [`field_name`] picks them by it.
+static COMMON_NAMES: [(&str, HeaderName); 10] = [
+    ("date", DATE),
+    ("host", HOST),
+    ("accept", ACCEPT),
+    ("server", SERVER),
+    ("connection", CONNECTION),
+    ("user-agent", USER_AGENT),
+    ("content-type", CONTENT_TYPE),
+    ("cache-control", CACHE_CONTROL),
+    ("content-length", CONTENT_LENGTH),
+    ("transfer-encoding", TRANSFER_ENCODING),
+];
+
+/// The field name `name`, as `HeaderName::from_bytes` makes it. The common names are told by
+/// their length and then their letters, a few instructions where the general lookup lowercases
+/// the name into a buffer and matches it against every standard name (about a hundred
+/// instructions a field, and a head has two or three).
+pub fn field_name(name: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
+    let candidates = match name.len() {
+        4 => &COMMON_NAMES[0..2],
+        6 => &COMMON_NAMES[2..4],
+        10 => &COMMON_NAMES[4..6],
+        12 => &COMMON_NAMES[6..7],
+        13 => &COMMON_NAMES[7..8],
+        14 => &COMMON_NAMES[8..9],
+        17 => &COMMON_NAMES[9..10],
+        _ => &[],
+    };
+    for (text, known) in candidates {
+        if folded_eq(name, text.as_bytes()) {
+            return Ok(known.clone());
+        }
+    }
+    HeaderName::from_bytes(name)
+}
+
+/// Whether `name` is `lower` (a lowercase text of the same length, 4 bytes or more) but for
+/// the case of its ASCII letters: eight bytes at a time, where comparing a byte at a time, each
+/// lowercased, costs several instructions a byte.
+fn folded_eq(name: &[u8], lower: &[u8]) -> bool {
+    let n = name.len();
+    if n != lower.len() || n < 4 {
+        return name.eq_ignore_ascii_case(lower);
+    }
+    if n < 8 {
+        // Two words of four, overlapping when the text is shorter than eight.
+        let pair = |b: &[u8]| u64::from(le32(b, 0)) | u64::from(le32(b, n - 4)) << 32;
+        return lowercase(pair(name)) == pair(lower);
+    }
+    let mut at = 0;
+    while at + 8 < n {
+        if lowercase(le64(name, at)) != le64(lower, at) {
+            return false;
+        }
+        at += 8;
+    }
+    // The last eight, overlapping what was compared when the length is not a multiple.
+    lowercase(le64(name, n - 8)) == le64(lower, n - 8)
+}
+
+/// The eight bytes at `at` (which the caller keeps within `b`) as one word.
+fn le64(b: &[u8], at: usize) -> u64 {
+    let mut w = [0; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// The four bytes at `at` (which the caller keeps within `b`) as one word.
+fn le32(b: &[u8], at: usize) -> u32 {
+    let mut w = [0; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+/// `w` with each of its bytes that is an ASCII capital made lowercase, and every other byte as
+/// it was: a byte's low seven bits are compared with `A` and `Z` by adding to them, so no
+/// carry crosses into the next byte, and a byte with its top bit set is no letter.
+fn lowercase(w: u64) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const TOP: u64 = 0x8080_8080_8080_8080;
+    let seven = w & LOW7;
+    let from_a = seven + 0x3f3f_3f3f_3f3f_3f3f; // top bit set when the byte is `A` or above
+    let past_z = seven + 0x2525_2525_2525_2525; // top bit set when the byte is above `Z`
+    let capital = from_a & !past_z & !w & TOP;
+    w | (capital >> 2)
+}
+
+/// How many fields' places a head keeps on the stack; one with more takes a vector. Most heads
+/// have a handful, and the array is cleared for every head.
+pub const INLINE_FIELDS: usize = 16;
+
 /// Where a field lies in the head.
 #[derive(Debug, Default, Clone, Copy)]
 struct FieldAt {
@@ -322,7 +416,8 @@ struct FieldAt {
 /// fields unless `fields` says they are unread; leaves `buf` as it was otherwise.
 fn parse_request(buf: &mut BytesMut, fields: Fields) -> Parsed {
     let mut storage = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
-    let mut at = [FieldAt::default(); MAX_FIELDS];
+    let mut inline = [FieldAt::default(); INLINE_FIELDS];
+    let mut spilled = Vec::new();
     let base = buf.as_ptr() as usize;
     let offset = |p: *const u8| (p as usize - base) as u16;
     let (head_len, method, target, count, body_len, close) = {
@@ -350,6 +445,12 @@ fn parse_request(buf: &mut BytesMut, fields: Fields) -> Parsed {
         let target = offset(path.as_ptr())..offset(path.as_ptr()) + path.len() as u16;
         let mut length: Option<usize> = None;
         let mut close = false;
+        let at = if request.headers.len() <= INLINE_FIELDS {
+            &mut inline[..]
+        } else {
+            spilled.resize(request.headers.len(), FieldAt::default());
+            &mut spilled[..]
+        };
         for (field, at) in request.headers.iter().zip(at.iter_mut()) {
             *at = FieldAt {
                 name: offset(field.name.as_ptr()),
@@ -423,9 +524,13 @@ fn parse_request(buf: &mut BytesMut, fields: Fields) -> Parsed {
     } else {
         HeaderMap::with_capacity(count + 2)
     };
-    for at in &at[..count] {
-        let name =
-            HeaderName::from_bytes(&head[at.name as usize..(at.name + at.name_len) as usize]);
+    let at = if count <= INLINE_FIELDS {
+        &inline[..count]
+    } else {
+        &spilled[..count]
+    };
+    for at in at {
+        let name = field_name(&head[at.name as usize..(at.name + at.name_len) as usize]);
         let value = HeaderValue::from_maybe_shared(
             head.slice(at.value as usize..(at.value + at.value_len) as usize),
         );
@@ -855,6 +960,49 @@ mod tests {
     }
 
     #[test]
+    fn the_common_names_are_their_texts_in_order_of_length() {
+        for (text, name) in &COMMON_NAMES {
+            assert_eq!(name.as_str(), *text);
+        }
+        assert!(COMMON_NAMES.is_sorted_by_key(|(text, _)| text.len()));
+    }
+
+    proptest::proptest! {
+        /// Lowercasing a word lowercases each of its bytes as ASCII does, whatever they are.
+        #[test]
+        fn a_word_is_lowercased_byte_by_byte(bytes in proptest::array::uniform8(proptest::num::u8::ANY)) {
+            let each = bytes.map(|b| b.to_ascii_lowercase());
+            proptest::prop_assert_eq!(lowercase(u64::from_le_bytes(bytes)), u64::from_le_bytes(each));
+        }
+
+        /// The common names are known as the general lookup knows them, in any case, and
+        /// anything else goes to it: the two never differ.
+        #[test]
+        fn field_names_are_what_the_general_lookup_makes(
+            common in 0..COMMON_NAMES.len(),
+            capitals in proptest::collection::vec(proptest::bool::ANY, 17),
+            flip in 0..17usize,
+            other in proptest::collection::vec(proptest::num::u8::ANY, 0..20),
+        ) {
+            let text = COMMON_NAMES[common].0.as_bytes();
+            let cased: Vec<u8> = text
+                .iter()
+                .zip(&capitals)
+                .map(|(&b, &up)| if up { b.to_ascii_uppercase() } else { b })
+                .collect();
+            // One byte off by bit 5, or by another bit: a different name, or none.
+            let mut near = cased.clone();
+            let i = flip % near.len();
+            near[i] ^= if flip % 2 == 0 { 0x20 } else { 0x01 };
+            for name in [&cased, &near, &other] {
+                let fast = field_name(name).map_err(|_| ());
+                let general = HeaderName::from_bytes(name).map_err(|_| ());
+                proptest::prop_assert_eq!(fast, general, "{:?}", name);
+            }
+        }
+    }
+
+    #[test]
     fn a_simple_request_is_served_here_with_its_fields_and_body() {
         let wire = b"POST /json?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nX-Two: 1\r\nx-two: 2\r\n\r\nhelloGET /next";
         let (parsed, rest) = parse(wire);
@@ -874,6 +1022,27 @@ mod tests {
             Some(&b"hello"[..])
         );
         assert_eq!(&rest[..], b"GET /next", "the next request stays");
+    }
+
+    /// A head with more fields than fit on the stack keeps every one, in order.
+    #[test]
+    fn a_request_with_many_fields_keeps_them_all() {
+        let mut wire = b"GET /many HTTP/1.1\r\nHOST: h\r\n".to_vec();
+        for i in 0..INLINE_FIELDS + 5 {
+            wire.extend_from_slice(format!("X-F{i}: v{i}\r\n").as_bytes());
+        }
+        wire.extend_from_slice(b"\r\n");
+        let (parsed, rest) = parse(&wire);
+        let Parsed::Request(request, _) = parsed else {
+            panic!("{parsed:?}");
+        };
+        assert_eq!(request.headers().len(), INLINE_FIELDS + 6);
+        assert_eq!(request.headers()[HOST], "h");
+        for i in 0..INLINE_FIELDS + 5 {
+            let name = format!("x-f{i}");
+            assert_eq!(request.headers()[name.as_str()], format!("v{i}").as_str());
+        }
+        assert!(rest.is_empty());
     }
 
     #[test]

@@ -63,15 +63,24 @@ pub fn retry_after_secs(decision: &Decision) -> Option<u64> {
     Some(ceil_secs(decision.retry_after).max(1))
 }
 
+/// The bytes a structured-field string holds as themselves: printable ASCII but the quote and
+/// the backslash. A table, as every answer checks its limits' names against it.
+static SF_PLAIN: [bool; 256] = {
+    let mut plain = [false; 256];
+    let mut b = b' ';
+    while b <= b'~' {
+        plain[b as usize] = b != b'"' && b != b'\\';
+        b += 1;
+    }
+    plain
+};
+
 /// Writes `name` as a structured-field string: quotes and backslashes escaped, anything outside
 /// printable ASCII replaced, so a rule name can never break the header.
 fn push_sf_string(out: &mut String, name: &str) {
     out.push('"');
     // Rule names rarely need escaping: copy them whole when they don't.
-    if name
-        .bytes()
-        .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
-    {
+    if name.bytes().all(|b| SF_PLAIN[usize::from(b)]) {
         out.push_str(name);
         out.push('"');
         return;
@@ -226,6 +235,21 @@ mod tests {
             retry_after: Duration::from_millis(retry_ms),
             delay: Duration::ZERO,
         }
+    }
+
+    /// A rule name is a structured-field string whatever it holds: quotes and backslashes
+    /// escaped, anything outside printable ASCII replaced, a plain name copied as it is.
+    #[test]
+    fn rule_names_are_quoted_and_escaped() {
+        let quoted = |name: &str| {
+            let mut out = String::new();
+            push_sf_string(&mut out, name);
+            out
+        };
+        assert_eq!(quoted("per-user 10/s"), r#""per-user 10/s""#);
+        assert_eq!(quoted(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(quoted("é\tx~"), r#""??x~""#);
+        assert_eq!(quoted(""), r#""""#);
     }
 
     /// A rate is advertised as its whole limit over the time the rate takes to grant it, in

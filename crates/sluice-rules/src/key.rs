@@ -35,21 +35,40 @@ pub const MAX_KEY_LEN: usize = MAX_IDENTITY_LEN + 2 + 1 + 16;
 const KEY0: u64 = 0x736c_7569_6365_2d6b;
 const KEY1: u64 = 0x6579_732d_7631_0000;
 
-/// Whether a byte is written as itself in a key component.
-fn is_safe(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/' | b'@' | b'+' | b',')
-}
+/// Which bytes are written as themselves in a key component: a table, so that a component is
+/// copied in runs between the bytes that need encoding rather than a byte at a time.
+static SAFE: [bool; 256] = {
+    let mut safe = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        safe[b] = c.is_ascii_alphanumeric()
+            || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/' | b'@' | b'+' | b',');
+        b += 1;
+    }
+    safe
+};
 
 /// Appends `component` percent-encoded.
 pub(crate) fn push_encoded(out: &mut String, component: &str) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in component.as_bytes() {
-        if is_safe(b) {
-            out.push(char::from(b));
-        } else {
+    let bytes = component.as_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        let run = bytes[at..]
+            .iter()
+            .position(|&b| !SAFE[usize::from(b)])
+            .unwrap_or(bytes.len() - at);
+        // Safe bytes are ASCII, so a run of them begins and ends on character boundaries.
+        if let Some(safe) = component.get(at..at + run).filter(|_| run > 0) {
+            out.push_str(safe);
+            at += run;
+        }
+        if let Some(&b) = bytes.get(at) {
             out.push('%');
             out.push(char::from(HEX[usize::from(b >> 4)]));
             out.push(char::from(HEX[usize::from(b & 0xF)]));
+            at += 1;
         }
     }
 }
@@ -104,6 +123,26 @@ mod tests {
         assert_eq!(enc("a|b=c{d}:e%f*g h"), "a%7Cb%3Dc%7Bd%7D%3Ae%25f%2Ag%20h");
         assert_eq!(enc("/v1/orders"), "/v1/orders");
         assert_eq!(enc("é"), "%C3%A9");
+        assert_eq!(enc("aé-b"), "a%C3%A9-b");
+        assert_eq!(enc("€x"), "%E2%82%ACx");
+        assert_eq!(enc("%"), "%25");
+        assert_eq!(enc(""), "");
+    }
+
+    proptest::proptest! {
+        /// Copying runs of safe bytes gives what encoding each byte in turn gives.
+        #[test]
+        fn runs_encode_as_single_bytes_do(s in "\\PC{0,40}") {
+            let mut bytewise = String::new();
+            for &b in s.as_bytes() {
+                if b.is_ascii_alphanumeric() || b"-._~/@+,".contains(&b) {
+                    bytewise.push(char::from(b));
+                } else {
+                    bytewise.push_str(&format!("%{b:02X}"));
+                }
+            }
+            proptest::prop_assert_eq!(enc(&s), bytewise);
+        }
     }
 
     #[test]
