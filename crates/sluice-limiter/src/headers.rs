@@ -3,11 +3,13 @@
 
 use std::cell::RefCell;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderValue;
 use http::header::{HeaderName, RETRY_AFTER};
 use sluice_core::Decision;
+use sluice_rules::Rule;
 
 use crate::verdict::{LimitResult, tightest};
 
@@ -120,41 +122,55 @@ pub(crate) fn rate_limit_headers<'a>(
                 state,
                 last_policy,
             } = scratch;
-            policy.clear();
+            // The policy field says only what the rules say: the same as the last answer's
+            // when the same rules apply with the same quotas, and then shared, not written
+            // again. The rules are held, so none of them can be another at the same address.
+            let same = last_policy.as_ref().is_some_and(|(limits, _)| {
+                limits.len() == shown.clone().count()
+                    && limits.iter().zip(shown.clone()).all(|((rule, quota), l)| {
+                        Arc::ptr_eq(rule, &l.rule) && *quota == l.decision.limit
+                    })
+            });
+            match last_policy {
+                Some((_, value)) if same => out.push((RATELIMIT_POLICY.clone(), value.clone())),
+                _ => {
+                    policy.clear();
+                    for (i, l) in shown.clone().enumerate() {
+                        if i > 0 {
+                            policy.push_str(", ");
+                        }
+                        push_sf_string(policy, l.name());
+                        policy.push_str(";q=");
+                        push_u64(policy, l.decision.limit);
+                        if l.policy().concurrent() {
+                            // A quota of requests at once has no window (IETF draft-11's quota
+                            // unit).
+                            policy.push_str(";qu=\"concurrent-requests\"");
+                        } else {
+                            policy.push_str(";w=");
+                            push_u64(policy, ceil_secs(l.policy().window()));
+                        }
+                    }
+                    push(&mut out, &RATELIMIT_POLICY, policy);
+                    *last_policy = out.last().map(|(_, value)| {
+                        let limits = shown
+                            .clone()
+                            .map(|l| (Arc::clone(&l.rule), l.decision.limit))
+                            .collect();
+                        (limits, value.clone())
+                    });
+                }
+            }
             state.clear();
             for (i, l) in shown.enumerate() {
                 if i > 0 {
-                    policy.push_str(", ");
                     state.push_str(", ");
-                }
-                push_sf_string(policy, l.name());
-                policy.push_str(";q=");
-                push_u64(policy, l.decision.limit);
-                if l.policy().concurrent() {
-                    // A quota of requests at once has no window (IETF draft-11's quota unit).
-                    policy.push_str(";qu=\"concurrent-requests\"");
-                } else {
-                    policy.push_str(";w=");
-                    push_u64(policy, ceil_secs(l.policy().window()));
                 }
                 push_sf_string(state, l.name());
                 state.push_str(";r=");
                 push_u64(state, l.decision.remaining);
                 state.push_str(";t=");
                 push_u64(state, ceil_secs(l.decision.reset_after));
-            }
-            // The policy field is the same from one answer to the next as long as the same
-            // limits apply: the last one built is shared rather than copied and checked again.
-            match last_policy {
-                Some((text, value)) if *text == *policy => {
-                    out.push((RATELIMIT_POLICY.clone(), value.clone()));
-                }
-                _ => {
-                    push(&mut out, &RATELIMIT_POLICY, policy);
-                    if let Some((_, value)) = out.last() {
-                        *last_policy = Some((policy.clone(), value.clone()));
-                    }
-                }
             }
             push(&mut out, &RATELIMIT, state);
         });
@@ -176,7 +192,8 @@ pub(crate) fn rate_limit_headers<'a>(
 struct Scratch {
     policy: String,
     state: String,
-    last_policy: Option<(String, HeaderValue)>,
+    /// The last `RateLimit-Policy` value, with the rules and quotas it was written for.
+    last_policy: Option<(Vec<(Arc<Rule>, u64)>, HeaderValue)>,
 }
 
 thread_local! {
@@ -350,6 +367,20 @@ mod tests {
         assert_eq!(policy_of(limit("b", &minute(5), &five)), r#""b";q=5;w=60"#);
         assert_eq!(policy_of(limit("b", &hour, &d)), r#""b";q=10;w=3600"#);
         assert_eq!(policy_of(limit("a", &ten, &d)), r#""a";q=10;w=60"#);
+
+        // One rule answering again: the same field, until its quota or the limits change.
+        let a = limit("a", &ten, &d);
+        let again = |l: &LimitResult| policy_of(l.clone());
+        assert_eq!(again(&a), r#""a";q=10;w=60"#);
+        assert_eq!(again(&a), r#""a";q=10;w=60"#);
+        let mut fewer = a.clone();
+        fewer.decision.limit = 7;
+        assert_eq!(again(&fewer), r#""a";q=7;w=60"#);
+        assert_eq!(again(&a), r#""a";q=10;w=60"#);
+        let both = [a.clone(), limit("c", &hour, &d)];
+        let field = rate_limit_headers(both.iter(), HeaderStyle::Ietf);
+        assert_eq!(field[0].1, r#""a";q=10;w=60, "c";q=10;w=3600"#);
+        assert_eq!(again(&a), r#""a";q=10;w=60"#);
     }
 
     #[test]
