@@ -187,13 +187,16 @@ pub(crate) fn rate_limit_headers<'a>(
     out
 }
 
+/// A rule and the quota it answered with: what a `RateLimit-Policy` value says.
+type Quota = (Arc<Rule>, u64);
+
 /// Where the IETF fields' values are written before they are copied out, and the last
 /// `RateLimit-Policy` value with its text.
 struct Scratch {
     policy: String,
     state: String,
     /// The last `RateLimit-Policy` value, with the rules and quotas it was written for.
-    last_policy: Option<(Vec<(Arc<Rule>, u64)>, HeaderValue)>,
+    last_policy: Option<(Vec<Quota>, HeaderValue)>,
 }
 
 thread_local! {
