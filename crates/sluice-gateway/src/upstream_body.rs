@@ -22,17 +22,24 @@ use crate::upstream_pool::UpstreamPool;
 #[derive(Debug)]
 pub struct UpstreamBody(Inner);
 
+/// The common case inline, the others boxed: an answer is moved whole through every layer
+/// on its way out (ten moves or so), and a body the size of a connection (128 bytes, where
+/// the whole body's bytes take 32) makes each of them a copy of twice as much.
 #[derive(Debug)]
 enum Inner {
     /// The whole body, read with the head; its connection is already back in the pool.
     Whole(Option<Bytes>),
     /// Read from a connection of the gateway's own HTTP/1.1 client as the client takes it.
-    Streamed(Streamed),
+    Streamed(Box<Streamed>),
     /// An answer through hyper's client: h2, or a request whose body streams.
-    Hyper {
-        body: Incoming,
-        lease: Option<Lease>,
-    },
+    Hyper(Box<HyperBody>),
+}
+
+/// An answer's body through hyper's client, and the connection it holds until its end.
+#[derive(Debug)]
+struct HyperBody {
+    body: Incoming,
+    lease: Option<Lease>,
 }
 
 /// A body read from its connection, which goes back to the pool at the body's end.
@@ -76,16 +83,16 @@ impl UpstreamBody {
         keep_alive: bool,
         pool: Arc<UpstreamPool>,
     ) -> Self {
-        UpstreamBody(Inner::Streamed(Streamed {
+        UpstreamBody(Inner::Streamed(Box::new(Streamed {
             connection: Some(connection),
             decoder,
             keep_alive,
             pool,
-        }))
+        })))
     }
 
     pub(crate) fn hyper(body: Incoming, lease: Option<Lease>) -> Self {
-        UpstreamBody(Inner::Hyper { body, lease })
+        UpstreamBody(Inner::Hyper(Box::new(HyperBody { body, lease })))
     }
 }
 
@@ -155,7 +162,8 @@ impl Body for UpstreamBody {
         match &mut self.0 {
             Inner::Whole(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Inner::Streamed(streamed) => streamed.poll_frame(cx),
-            Inner::Hyper { body, lease } => {
+            Inner::Hyper(hyper) => {
+                let HyperBody { body, lease } = &mut **hyper;
                 let frame = ready!(Pin::new(&mut *body).poll_frame(cx));
                 match &frame {
                     None => release(lease),
@@ -172,7 +180,7 @@ impl Body for UpstreamBody {
         match &self.0 {
             Inner::Whole(bytes) => bytes.is_none(),
             Inner::Streamed(s) => s.connection.is_none() || s.decoder.is_done(),
-            Inner::Hyper { body, .. } => body.is_end_stream(),
+            Inner::Hyper(hyper) => hyper.body.is_end_stream(),
         }
     }
 
@@ -185,7 +193,7 @@ impl Body for UpstreamBody {
                 .decoder
                 .remaining()
                 .map_or_else(SizeHint::default, SizeHint::with_exact),
-            Inner::Hyper { body, .. } => body.size_hint(),
+            Inner::Hyper(hyper) => hyper.body.size_hint(),
         }
     }
 }
@@ -199,10 +207,10 @@ fn release(lease: &mut Option<Lease>) {
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
         // An answer without a body (a 204, a HEAD, `Content-Length: 0`) is never polled.
-        if let Inner::Hyper { body, lease } = &mut self.0
-            && body.is_end_stream()
+        if let Inner::Hyper(hyper) = &mut self.0
+            && hyper.body.is_end_stream()
         {
-            release(lease);
+            release(&mut hyper.lease);
         }
     }
 }

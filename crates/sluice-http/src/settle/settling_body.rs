@@ -55,7 +55,12 @@ enum Settle<D> {
     Pending(PendingSettle),
     /// The answer ended; the settle is under way, and the last frame held back (if the inner
     /// body's framing told that it was the last) and the end are passed on once it is done.
-    Running(Pin<Box<dyn Future<Output = ()> + Send>>, Option<Frame<D>>),
+    /// The frame is boxed: a frame may be trailers, a whole field map, and every answer
+    /// carries this state (and is moved whole through the layers) though few ever run it.
+    Running(
+        Pin<Box<dyn Future<Output = ()> + Send>>,
+        Option<Box<Frame<D>>>,
+    ),
     /// Settled (or handed to a task).
     Done,
 }
@@ -107,7 +112,7 @@ impl<B: Body, M: UsageMeter<B::Data>> SettlingBody<B, M> {
 fn finish<D, M: UsageMeter<D>>(settle: &mut Settle<D>, meter: &mut M, last: Option<Frame<D>>) {
     if let Settle::Pending(pending) = std::mem::replace(settle, Settle::Done) {
         let used = meter.finished().unwrap_or(pending.reserved());
-        *settle = Settle::Running(Box::pin(pending.settle(used)), last);
+        *settle = Settle::Running(Box::pin(pending.settle(used)), last.map(Box::new));
     }
 }
 
@@ -143,7 +148,7 @@ impl<B: Body, M: UsageMeter<B::Data>> Body for SettlingBody<B, M> {
                     ready!(task.as_mut().poll(cx));
                     let last = last.take();
                     *this.settle = Settle::Done;
-                    return Poll::Ready(last.map(Ok));
+                    return Poll::Ready(last.map(|frame| Ok(*frame)));
                 }
                 Settle::Done => return Poll::Ready(None),
             }
