@@ -423,14 +423,17 @@ enum Carried {
 /// may already come), or a request that waits on an interim answer (`Expect: 100-continue`)
 /// or turns into a tunnel (`CONNECT`).
 fn carried(parts: &request::Parts, body: RequestBody) -> Carried {
-    if parts.method == Method::CONNECT || parts.headers.contains_key(EXPECT) {
+    if parts.method == Method::CONNECT {
         return Carried::Hyper(body);
     }
     match body {
-        // Read with its head by the listener: nothing to wait for.
+        // Read with its head by the listener: nothing to wait for. Its body is here, so an
+        // `Expect: 100-continue` asks nothing of the gateway (the upstream's interim answer is
+        // passed over), and the common case is spared looking for the field.
         Either::Left(client) if client.as_whole().is_some() => {
             Carried::Whole(client.as_whole().cloned())
         }
+        body if parts.headers.contains_key(EXPECT) => Carried::Hyper(body),
         Either::Left(incoming) if incoming.is_end_stream() => Carried::Whole(None),
         Either::Left(incoming)
             if incoming
@@ -449,5 +452,46 @@ fn carried(parts: &request::Parts, body: RequestBody) -> Carried {
             }))
         }
         streamed => Carried::Hyper(streamed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::Full;
+
+    use super::*;
+
+    fn parts(method: Method, expect: bool) -> request::Parts {
+        let mut builder = http::Request::builder().method(method).uri("/a");
+        if expect {
+            builder = builder.header(EXPECT, "100-continue");
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    /// A body the listener read whole goes on the gateway's own client, `Expect` or not; one
+    /// still to come goes to hyper when the client waits for leave to send it, as does CONNECT.
+    #[test]
+    fn a_whole_body_is_sent_whole_and_a_waiting_one_goes_to_hyper() {
+        let whole = || Either::Left(sluice_http::RequestBody::whole(Bytes::from_static(b"{}")));
+        for expect in [false, true] {
+            let Carried::Whole(Some(body)) = carried(&parts(Method::POST, expect), whole()) else {
+                panic!("a whole body with expect={expect} was not sent whole");
+            };
+            assert_eq!(&body[..], b"{}");
+        }
+        assert!(matches!(
+            carried(&parts(Method::CONNECT, false), whole()),
+            Carried::Hyper(_)
+        ));
+        let read = || Either::Right(Full::new(Bytes::from_static(b"[1]")));
+        assert!(matches!(
+            carried(&parts(Method::POST, true), read()),
+            Carried::Hyper(_)
+        ));
+        let Carried::Whole(Some(body)) = carried(&parts(Method::POST, false), read()) else {
+            panic!("bytes read for an estimate were not sent whole");
+        };
+        assert_eq!(&body[..], b"[1]");
     }
 }
