@@ -84,16 +84,13 @@ impl Service<Request<ClientBody>> for Metered {
     }
 
     fn call(&mut self, request: Request<ClientBody>) -> MeteredFuture {
-        let rules = self.budget.layer.enforcer().limiter().reloader().rules();
-        let budgeted = rules
-            .gateway()
-            .filter(|g| g.routes.iter().any(|r| r.usage.is_some()));
-        let Some(gateway) = budgeted else {
-            return MeteredFuture::Limited(self.limited.call(request));
-        };
-        let (parts, body) = request.into_parts();
-        let usage = matching_route(gateway, &parts).and_then(|r| r.usage.clone());
-        let request = Request::from_parts(parts, body);
+        let reloader = self.budget.layer.enforcer().limiter().reloader();
+        let usage = reloader.with_rules(|rules| {
+            let gateway = rules
+                .gateway()
+                .filter(|g| g.routes.iter().any(|r| r.usage.is_some()))?;
+            matching_route(gateway, &request).and_then(|r| r.usage.clone())
+        });
         match usage {
             Some(usage) => {
                 let budget = Arc::clone(&self.budget);

@@ -73,8 +73,7 @@ impl Enforcer {
         if !self
             .limiter
             .reloader()
-            .rules()
-            .limits_concurrency(&ex.request.domain)
+            .with_rules(|rules| rules.limits_concurrency(&ex.request.domain))
         {
             return (self.enforce(ex).await, None);
         }

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use http::header::{AUTHORIZATION, COOKIE, HOST};
 use http::request::Parts;
+use http::{HeaderMap, Request, Uri};
 use siphasher::sip128::{Hasher128, SipHasher13};
 use sluice_rules::{Gateway, Route, RouteHeaders, ValueSource, strip_port};
 
@@ -28,7 +29,7 @@ const API_KEY_HEADER: &str = "x-api-key";
 /// The first route of `gateway` that matches the request, and the descriptors it builds. `None`
 /// when no route matches or the route builds no descriptor: the request is not limited.
 pub fn extract(gateway: &Gateway, parts: &Parts, client: IpAddr) -> Option<Extracted> {
-    let host = host_of(parts);
+    let host = host_of(&parts.uri, &parts.headers);
     let path = parts.uri.path();
     gateway.routes.iter().find_map(|route| {
         let params = route.matches(parts.method.as_str(), host, path)?;
@@ -38,21 +39,20 @@ pub fn extract(gateway: &Gateway, parts: &Parts, client: IpAddr) -> Option<Extra
 
 /// The first route of `gateway` that matches the request, found as [`extract`] finds it: how
 /// the gateway learns whether a request falls under a route's token budget before deciding it.
-pub fn matching_route<'g>(gateway: &'g Gateway, parts: &Parts) -> Option<&'g Route> {
-    let host = host_of(parts);
-    let path = parts.uri.path();
-    gateway
-        .routes
-        .iter()
-        .find(|route| route.matches(parts.method.as_str(), host, path).is_some())
+pub fn matching_route<'g, B>(gateway: &'g Gateway, request: &Request<B>) -> Option<&'g Route> {
+    let host = host_of(request.uri(), request.headers());
+    let path = request.uri().path();
+    gateway.routes.iter().find(|route| {
+        route
+            .matches(request.method().as_str(), host, path)
+            .is_some()
+    })
 }
 
 /// The request's host: the URI's authority (h2, absolute-form) or the `Host` header.
-fn host_of(parts: &Parts) -> Option<&str> {
-    parts
-        .uri
-        .host()
-        .or_else(|| parts.headers.get(HOST).and_then(|h| h.to_str().ok()))
+fn host_of<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
+    uri.host()
+        .or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()))
 }
 
 /// The header style a route asks for.
@@ -280,7 +280,7 @@ mod tests {
         let name = |method: &str, uri: &str| {
             let mut p = parts(uri, &[]);
             p.method = method.parse().unwrap();
-            matching_route(gateway, &p).map(|r| r.name.to_string())
+            matching_route(gateway, &Request::from_parts(p, ())).map(|r| r.name.to_string())
         };
         assert_eq!(name("POST", "/a").as_deref(), Some("a"));
         assert_eq!(name("GET", "/a").as_deref(), Some("any"));

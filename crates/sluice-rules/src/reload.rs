@@ -163,6 +163,13 @@ impl Reloader {
         self.current.load_full()
     }
 
+    /// `read` of the rule set in force, for a look that ends before anything is awaited. It
+    /// takes no count of the set's `Arc`, which every thread would otherwise take and give back
+    /// on the one shared counter, several times a request.
+    pub fn with_rules<R>(&self, read: impl FnOnce(&RuleSet) -> R) -> R {
+        read(&self.current.load())
+    }
+
     /// The files and directories this reloader reads.
     pub fn sources(&self) -> &[PathBuf] {
         &self.sources

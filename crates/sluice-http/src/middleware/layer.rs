@@ -81,27 +81,28 @@ impl Shared {
     /// The limit request of `parts`, if it is limited, from `peer` (else the request's own).
     pub(crate) fn extract(&self, parts: &Parts, peer: Option<IpAddr>) -> Option<Extracted> {
         let peer = peer.unwrap_or_else(|| peer_ip(parts));
-        let rules = self.enforcer.limiter().reloader().rules();
-        let gateway = rules.gateway();
-        let from_rules = gateway
-            .map(|g| g.trusted_proxies.as_slice())
-            .unwrap_or_default();
-        // The rules' proxies alone (the usual case) are read where they are, without a copy
-        // per request.
-        let client = if self.extra_trusted.is_empty() {
-            client_ip(peer, &parts.headers, from_rules, self.forwarded_header)
-        } else {
-            let trusted: Vec<Cidr> = from_rules
-                .iter()
-                .chain(&self.extra_trusted)
-                .copied()
-                .collect();
-            client_ip(peer, &parts.headers, &trusted, self.forwarded_header)
-        };
-        match &self.keys {
-            Keys::Routes => extract(gateway?, parts, client),
-            Keys::Custom(f) => f(parts, client),
-        }
+        self.enforcer.limiter().reloader().with_rules(|rules| {
+            let gateway = rules.gateway();
+            let from_rules = gateway
+                .map(|g| g.trusted_proxies.as_slice())
+                .unwrap_or_default();
+            // The rules' proxies alone (the usual case) are read where they are, without a
+            // copy per request.
+            let client = if self.extra_trusted.is_empty() {
+                client_ip(peer, &parts.headers, from_rules, self.forwarded_header)
+            } else {
+                let trusted: Vec<Cidr> = from_rules
+                    .iter()
+                    .chain(&self.extra_trusted)
+                    .copied()
+                    .collect();
+                client_ip(peer, &parts.headers, &trusted, self.forwarded_header)
+            };
+            match &self.keys {
+                Keys::Routes => extract(gateway?, parts, client),
+                Keys::Custom(f) => f(parts, client),
+            }
+        })
     }
 }
 
