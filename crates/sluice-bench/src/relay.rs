@@ -101,14 +101,19 @@ mod tests {
         addr
     }
 
+    /// A relay holding bytes `delay` each way in front of an echo server, and a client of it.
+    async fn relayed(delay: Duration) -> (Listening, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay = serve_relay(listener, echo().await, delay).unwrap();
+        let client = TcpStream::connect(relay.addr()).await.unwrap();
+        (relay, client)
+    }
+
     /// A round trip through the relay takes twice its delay (and at most a tick more each
     /// way), and the bytes come back whole and in order.
     #[tokio::test(start_paused = true)]
     async fn a_round_trip_takes_twice_the_delay() {
-        let server = echo().await;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let relay = serve_relay(listener, server, Duration::from_millis(5)).unwrap();
-        let mut client = TcpStream::connect(relay.addr()).await.unwrap();
+        let (relay, mut client) = relayed(Duration::from_millis(5)).await;
         for round in 0..3u8 {
             let sent = Instant::now();
             let message = [round; 100];
@@ -129,10 +134,7 @@ mod tests {
     /// Writes made one after another come out in that order, however the delay splits them.
     #[tokio::test(start_paused = true)]
     async fn bytes_keep_their_order() {
-        let server = echo().await;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let relay = serve_relay(listener, server, Duration::from_millis(2)).unwrap();
-        let mut client = TcpStream::connect(relay.addr()).await.unwrap();
+        let (relay, mut client) = relayed(Duration::from_millis(2)).await;
         let sent: Vec<u8> = (0..=255).collect();
         for chunk in sent.chunks(7) {
             client.write_all(chunk).await.unwrap();

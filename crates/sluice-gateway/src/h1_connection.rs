@@ -16,7 +16,7 @@ use std::task::{Context, Poll, Waker, ready};
 use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Version, request};
-use sluice_http::h1_server::{INLINE_FIELDS, field_name};
+use sluice_http::h1_server::{INLINE_FIELDS, field_name, field_places};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
@@ -289,7 +289,7 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHea
     let mut inline = [FieldAt::default(); INLINE_FIELDS];
     let mut spilled = Vec::new();
     let base = buf.as_ptr() as usize;
-    let (len, code, minor, count) = {
+    let (len, code, minor, at) = {
         let mut answer = httparse::Response::new(&mut []);
         let status = httparse::ParserConfig::default()
             .parse_response_with_uninit_headers(&mut answer, buf, &mut storage)
@@ -300,12 +300,7 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHea
         // The head is far shorter than 4 GiB: it is read only up to `MAX_HEAD` and one more
         // read.
         let offset = |p: *const u8| (p as usize - base) as u32;
-        let at = if answer.headers.len() <= INLINE_FIELDS {
-            &mut inline[..]
-        } else {
-            spilled.resize(answer.headers.len(), FieldAt::default());
-            &mut spilled[..]
-        };
+        let at = field_places(&mut inline, &mut spilled, answer.headers.len());
         for (field, at) in answer.headers.iter().zip(at.iter_mut()) {
             *at = FieldAt {
                 name: offset(field.name.as_ptr()),
@@ -318,7 +313,7 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHea
             len,
             answer.code.unwrap_or(0),
             answer.version.unwrap_or(1),
-            answer.headers.len(),
+            at,
         )
     };
     let head = buf.split_to(len).freeze();
@@ -329,16 +324,11 @@ fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<AnswerHea
     }
     // Room for the fields the gateway adds to an answer (the limits' `RateLimit` fields), so
     // that adding them does not grow the map.
-    let mut headers = HeaderMap::with_capacity(count + 4);
+    let mut headers = HeaderMap::with_capacity(at.len() + 4);
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = minor == 0;
-    let at = if count <= INLINE_FIELDS {
-        &inline[..count]
-    } else {
-        &spilled[..count]
-    };
-    for &at in at {
+    for &at in at.iter() {
         let name =
             field_name(&head[at.name()]).map_err(|_| invalid("a field name is not valid"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(at.value()))

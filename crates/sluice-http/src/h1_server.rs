@@ -403,6 +403,21 @@ fn lowercase(w: u64) -> u64 {
 /// have a handful, and the array is cleared for every head.
 pub const INLINE_FIELDS: usize = 16;
 
+/// Room for the places of a head's `n` fields: `inline`, on the stack, when they fit, else
+/// `spilled`, grown to hold them.
+pub fn field_places<'a, T: Copy + Default>(
+    inline: &'a mut [T; INLINE_FIELDS],
+    spilled: &'a mut Vec<T>,
+    n: usize,
+) -> &'a mut [T] {
+    if n <= INLINE_FIELDS {
+        &mut inline[..n]
+    } else {
+        spilled.resize(n, T::default());
+        spilled
+    }
+}
+
 /// Where a field lies in the head.
 #[derive(Debug, Default, Clone, Copy)]
 struct FieldAt {
@@ -420,7 +435,7 @@ fn parse_request(buf: &mut BytesMut, fields: Fields) -> Parsed {
     let mut spilled = Vec::new();
     let base = buf.as_ptr() as usize;
     let offset = |p: *const u8| (p as usize - base) as u16;
-    let (head_len, method, target, count, body_len, close) = {
+    let (head_len, method, target, at, body_len, close) = {
         let mut request = httparse::Request::new(&mut []);
         let head_len = match request.parse_with_uninit_headers(buf, &mut storage) {
             Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
@@ -445,12 +460,7 @@ fn parse_request(buf: &mut BytesMut, fields: Fields) -> Parsed {
         let target = offset(path.as_ptr())..offset(path.as_ptr()) + path.len() as u16;
         let mut length: Option<usize> = None;
         let mut close = false;
-        let at = if request.headers.len() <= INLINE_FIELDS {
-            &mut inline[..]
-        } else {
-            spilled.resize(request.headers.len(), FieldAt::default());
-            &mut spilled[..]
-        };
+        let at = field_places(&mut inline, &mut spilled, request.headers.len());
         for (field, at) in request.headers.iter().zip(at.iter_mut()) {
             *at = FieldAt {
                 name: offset(field.name.as_ptr()),
@@ -487,14 +497,7 @@ fn parse_request(buf: &mut BytesMut, fields: Fields) -> Parsed {
         if body_len > MAX_BODY {
             return Parsed::Elsewhere;
         }
-        (
-            head_len,
-            method,
-            target,
-            request.headers.len(),
-            body_len,
-            close,
-        )
+        (head_len, method, target, at, body_len, close)
     };
     if buf.len() < head_len + body_len {
         return Parsed::Body;
@@ -513,7 +516,7 @@ fn parse_request(buf: &mut BytesMut, fields: Fields) -> Parsed {
     let count = if fields.unread(&method, &head[target.start as usize..target.end as usize]) {
         0
     } else {
-        count
+        at.len()
     };
     // `httparse` accepts only names and values that `http` accepts too; should they ever
     // differ, the request is hyper's, which answers it itself.
@@ -524,12 +527,7 @@ fn parse_request(buf: &mut BytesMut, fields: Fields) -> Parsed {
     } else {
         HeaderMap::with_capacity(count + 2)
     };
-    let at = if count <= INLINE_FIELDS {
-        &inline[..count]
-    } else {
-        &spilled[..count]
-    };
-    for at in at {
+    for at in &at[..count] {
         let name = field_name(&head[at.name as usize..(at.name + at.name_len) as usize]);
         let value = HeaderValue::from_maybe_shared(
             head.slice(at.value as usize..(at.value + at.value_len) as usize),

@@ -120,19 +120,21 @@ pub(crate) fn rate_limit_headers<'a>(
             let Scratch {
                 policy,
                 state,
-                last_policy,
+                policy_quotas,
+                policy_value,
             } = scratch;
             // The policy field says only what the rules say: the same as the last answer's
             // when the same rules apply with the same quotas, and then shared, not written
             // again. The rules are held, so none of them can be another at the same address.
-            let same = last_policy.as_ref().is_some_and(|(limits, _)| {
-                limits.len() == shown.clone().count()
-                    && limits.iter().zip(shown.clone()).all(|((rule, quota), l)| {
+            let same = policy_quotas.len() == shown.clone().count()
+                && policy_quotas
+                    .iter()
+                    .zip(shown.clone())
+                    .all(|((rule, quota), l)| {
                         Arc::ptr_eq(rule, &l.rule) && *quota == l.decision.limit
-                    })
-            });
-            match last_policy {
-                Some((_, value)) if same => out.push((RATELIMIT_POLICY.clone(), value.clone())),
+                    });
+            match policy_value {
+                Some(value) if same => out.push((RATELIMIT_POLICY.clone(), value.clone())),
                 _ => {
                     policy.clear();
                     for (i, l) in shown.clone().enumerate() {
@@ -152,13 +154,15 @@ pub(crate) fn rate_limit_headers<'a>(
                         }
                     }
                     push(&mut out, &RATELIMIT_POLICY, policy);
-                    *last_policy = out.last().map(|(_, value)| {
-                        let limits = shown
+                    // Kept in the same vector: answers whose rules change each time (a
+                    // per-request override is a rule of its own) allocate nothing for it.
+                    policy_quotas.clear();
+                    policy_quotas.extend(
+                        shown
                             .clone()
-                            .map(|l| (Arc::clone(&l.rule), l.decision.limit))
-                            .collect();
-                        (limits, value.clone())
-                    });
+                            .map(|l| (Arc::clone(&l.rule), l.decision.limit)),
+                    );
+                    *policy_value = out.last().map(|(_, value)| value.clone());
                 }
             }
             state.clear();
@@ -191,12 +195,14 @@ pub(crate) fn rate_limit_headers<'a>(
 type Quota = (Arc<Rule>, u64);
 
 /// Where the IETF fields' values are written before they are copied out, and the last
-/// `RateLimit-Policy` value with its text.
+/// `RateLimit-Policy` value with the rules and quotas it was written for.
 struct Scratch {
     policy: String,
     state: String,
-    /// The last `RateLimit-Policy` value, with the rules and quotas it was written for.
-    last_policy: Option<(Vec<Quota>, HeaderValue)>,
+    /// The rules and quotas of [`Scratch::policy_value`].
+    policy_quotas: Vec<Quota>,
+    /// The last `RateLimit-Policy` value; `None` before the first.
+    policy_value: Option<HeaderValue>,
 }
 
 thread_local! {
@@ -204,7 +210,8 @@ thread_local! {
         RefCell::new(Scratch {
             policy: String::new(),
             state: String::new(),
-            last_policy: None,
+            policy_quotas: Vec::new(),
+            policy_value: None,
         })
     };
 }
